@@ -1,0 +1,32 @@
+"""Task source, model and run-level settings."""
+
+from __future__ import annotations
+
+from hpc.config.base import knob, section
+
+
+@section
+class TasksConfig:
+    """Where tasks come from and in what order they are fed."""
+
+    source: str = knob("builtin", doc="'builtin' or a SWE-bench-style JSONL file")
+    repo_cache: str = knob("", doc="local mirror of task repositories ('' = RUN/repos for built-in tasks)",
+                           resumable=True)
+    epochs: int = knob(1, doc="passes over the task set", min=1, resumable=True)
+    shuffle_seed: int = knob(0, doc="seed of the per-epoch shuffle")
+
+
+@section
+class ModelConfig:
+    """The policy model and tokenizer (a local Hugging Face directory; nothing is downloaded)."""
+
+    path: str = knob("tiny", doc="HF model directory, or 'tiny' to build a tiny random model into RUN/model")
+    tokenizer_path: str = knob("", doc="tokenizer directory ('' = same as path)")
+
+
+@section
+class RunSection:
+    """Run-level identity."""
+
+    name: str = knob("spoolrl-run", doc="a name for humans (logs, job names)", resumable=True)
+    seed: int = knob(0, doc="run seed: sampling seeds derive from it, the task id, sample index and attempt")

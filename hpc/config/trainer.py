@@ -1,0 +1,48 @@
+"""Trainer and algorithm settings: the DeepSpeed engine, checkpoints, publishing and the GRPO/DAPO loss."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from hpc.config.base import knob, section
+
+
+@section
+class TrainerConfig:
+    """The DeepSpeed engine and its schedule."""
+
+    zero_stage: int = knob(2, doc="DeepSpeed ZeRO stage", min=0, max=3)
+    precision: Literal["bf16", "fp32"] = knob("bf16", doc="training precision (fp16 is not supported)")
+    total_steps: int = knob(100, doc="optimizer steps of the run", min=1, resumable=True)
+    micro_batch_tokens: int = knob(4096, doc="tokens per packed micro-batch per rank", min=16)
+    lr: float = knob(1e-6, doc="peak learning rate", min=0.0)
+    weight_decay: float = knob(0.0, doc="AdamW weight decay", min=0.0)
+    warmup_steps: int = knob(0, doc="linear warm-up steps", min=0)
+    grad_clip: float = knob(1.0, doc="gradient-norm clipping (0 = off)", min=0.0)
+    max_seq_len: int = knob(8192, doc="longer trajectories are dropped (reason 'too_long')", min=8)
+    activation_checkpointing: bool = knob(False, doc="recompute activations in backward (long sequences)")
+    checkpoint_every: int = knob(10, doc="save a checkpoint (and commit the spool) every K steps", min=1,
+                                 resumable=True)
+    publish_every: int = knob(1, doc="publish policy weights every N steps", min=1, resumable=True)
+    keep_policies: int = knob(3, doc="published policy versions kept on disk", min=1, resumable=True)
+    keep_checkpoints: int = knob(2, doc="checkpoints kept on disk", min=1, resumable=True)
+    prefetch: bool = knob(True, doc="prepare the next batch while a step trains", resumable=True)
+    max_tasks_outstanding: int = knob(16, doc="tasks in the queue not yet trained (feeder backpressure)", min=1,
+                                      resumable=True)
+
+
+@section
+class AlgorithmConfig:
+    """The clipped policy-gradient objective (GRPO/DAPO family)."""
+
+    group_size: int = knob(4, doc="samples per task (a GRPO group)", min=1)
+    groups_per_step: int = knob(4, doc="task groups per optimizer step", min=1)
+    clip_low: float = knob(0.2, doc="lower clip: ratio >= 1 - clip_low", min=0.0, max=1.0)
+    clip_high: float = knob(0.28, doc="upper clip: ratio <= 1 + clip_high (DAPO clip-higher)", min=0.0)
+    kl_coef: float = knob(0.0, doc="weight of the KL penalty against the reference model (0 = off)", min=0.0)
+    tis_cap: float = knob(2.0, doc="truncated importance weight cap for off-policy correction", min=1.0)
+    max_staleness: int = knob(4, doc="drop samples more than this many policy versions old", min=0)
+    drop_zero_variance: bool = knob(True, doc="drop groups whose rewards are all equal (DAPO dynamic sampling)")
+    advantage_norm: Literal["group_std", "group_mean"] = knob(
+        "group_std", doc="'group_std': (r - mean) / std; 'group_mean': r - mean"
+    )

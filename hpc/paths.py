@@ -1,0 +1,103 @@
+"""One class builds every path inside a run directory (layout in DESIGN.md).
+
+Only what must be shared or survive lives in the run directory; sandboxes, checkouts and
+sockets go to node-local scratch (see :func:`node_scratch`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Paths of one run directory. Pure: building a path touches nothing on disk."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root).absolute())
+
+    @property
+    def run_yaml(self) -> Path:
+        return self.root / "run.yaml"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.root / ".spoolrl-layout"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def policy(self) -> Path:
+        return self.root / "policy"
+
+    def policy_version(self, version: int) -> Path:
+        return self.policy / f"v{version:06d}"
+
+    @property
+    def policy_latest(self) -> Path:
+        return self.policy / "LATEST"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def checkpoint_latest(self) -> Path:
+        return self.checkpoints / "LATEST"
+
+    @property
+    def endpoints(self) -> Path:
+        return self.root / "endpoints"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def stop_marker(self) -> Path:
+        return self.control / "STOP"
+
+    @property
+    def secret(self) -> Path:
+        return self.control / "secret"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def model(self) -> Path:
+        """Where 'model.path: tiny' builds the initial model."""
+        return self.root / "model"
+
+    @property
+    def repos(self) -> Path:
+        """Built-in task repositories (a bare mirror per repository)."""
+        return self.root / "repos"
+
+    @property
+    def slurm(self) -> Path:
+        """Rendered job scripts and submitit folders."""
+        return self.root / "slurm"
+
+    def directories(self) -> list[Path]:
+        return [self.spool, self.policy, self.checkpoints, self.endpoints, self.control, self.logs,
+                self.metrics, self.slurm]
+
+
+def node_scratch(configured: str = "") -> Path:
+    """Node-local scratch: the configured dir, else $TMPDIR, else the system temp dir."""
+    return Path(configured or os.environ.get("TMPDIR") or tempfile.gettempdir())

@@ -1,0 +1,13 @@
+"""Verbs of the rollout side: ``rollout-node``, ``sandbox exec|shell``, ``tasks check``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpc.cli_util import register_modules
+
+MODULES = ("rollout_node.pipeline.cli", "rollout_node.sandbox.cli", "rollout_node.tasks.cli")
+
+
+def register(sub: Any) -> None:
+    register_modules(sub, MODULES)

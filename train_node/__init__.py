@@ -1,0 +1,1 @@
+"""The GPU side: everything that loads model weights (trainer and inference serving)."""
