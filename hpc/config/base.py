@@ -153,7 +153,10 @@ def build(cls: type[T], data: Mapping[str, Any], prefix: str, problems: list[str
     for name, f in fields.items():
         key = _join(prefix, name)
         if name in data:
-            value = _convert(hints[name], data[name], key, problems)
+            raw = data[name]
+            if dataclasses.is_dataclass(hints[name]) and f.default_factory is not MISSING and isinstance(raw, Mapping):
+                raw = _deep_merge(to_dict(f.default_factory()), raw)  # a partial section keeps the parent's defaults
+            value = _convert(hints[name], raw, key, problems)
             _check_range(f, value, key, problems)
             kwargs[name] = value
         elif f.default is MISSING and f.default_factory is MISSING:
@@ -166,6 +169,13 @@ def build(cls: type[T], data: Mapping[str, Any], prefix: str, problems: list[str
         for p in getattr(obj, "check", lambda: [])():
             problems.append(_join(prefix, p) if prefix else p)
     return obj
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, Mapping) else v
+    return out
 
 
 def _placeholder(cls: type[T]) -> T:

@@ -1,0 +1,61 @@
+"""``spoolrl config default``, ``spoolrl validate`` and ``spoolrl init``: configs and run directories.
+
+Every launch path creates its run directory through :func:`hpc.rundir.create_run`, i.e. through
+``spoolrl init``; validation happens before anything touches the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hpc.cli import add_config_args
+from hpc.cli_util import add_run_arg
+
+
+def _config_default(args: argparse.Namespace) -> int:
+    from hpc.config import RunConfig
+    from hpc.config.render import commented_yaml, reference_markdown
+
+    print(reference_markdown(RunConfig) if args.markdown else commented_yaml(RunConfig()), end="")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from hpc.config import load_config
+
+    load_config(args.config, args.overrides)
+    print(f"{args.config or '(defaults)'}: valid")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from hpc.config import load_config
+    from hpc.rundir import create_run
+
+    config = load_config(args.config, args.overrides)
+    paths = create_run(args.run, config, if_missing=args.if_missing)
+    print(paths.root)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("config", help="print the commented default config",
+                       description="Print a complete, commented run.yaml with every default.")
+    csub = p.add_subparsers(dest="config_command", metavar="<what>", required=True)
+    d = csub.add_parser("default", help="the commented default run.yaml")
+    d.add_argument("--markdown", action="store_true", help="the configuration reference as a Markdown table")
+    d.set_defaults(func=_config_default)
+
+    p = sub.add_parser("validate", help="check a run config without creating anything",
+                       description="Validate run.yaml plus overrides; exit 2 and list every problem if invalid.")
+    add_config_args(p)
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("init", help="create a run directory (starts nothing)",
+                       description="Validate the config, then create RUN with its layout and frozen run.yaml.")
+    add_run_arg(p)
+    add_config_args(p)
+    p.add_argument("--if-missing", action="store_true",
+                   help="if RUN already exists, check that the config matches instead of failing")
+    p.set_defaults(func=_init)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment (default ./.venv) with spoolrl + train + dev extras.
+# Idempotent: it reinstalls only when pyproject.toml or the constraints changed.
+# Usage: scripts/setup_env.sh [--no-dev]     env: SPOOLRL_VENV (path), PYTHON (interpreter, default python3)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${SPOOLRL_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+extras="train,dev"
+[ "${1:-}" = "--no-dev" ] && extras="train"
+stamp_want=$(cat "$root/pyproject.toml" "$root/scripts/constraints-cpu.txt" | sha256sum | cut -c1-16)-$extras
+if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.spoolrl-stamp" 2>/dev/null)" = "$stamp_want" ]; then
+  exit 0
+fi
+echo "setup_env: installing spoolrl[$extras] into $venv (about 1 minute on a fresh machine)" >&2
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# torch is named in the same command as everything else so that the CPU pin always holds.
+log=$(mktemp)
+if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    -c "$root/scripts/constraints-cpu.txt" "torch==2.13.0" -e "$root[$extras]" >"$log" 2>&1; then
+  grep -v "is ignored: it is neither a file nor a directory" "$log" >&2
+  echo "setup_env: pip failed (log above); nothing was marked as installed" >&2
+  exit 1
+fi
+rm -f "$log"
+"$venv/bin/python" -c "import torch, deepspeed, transformers, hpc; print('setup_env: torch', torch.__version__)" >&2
+echo "$stamp_want" > "$venv/.spoolrl-stamp"
