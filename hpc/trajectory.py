@@ -60,7 +60,7 @@ def staleness(trainer_version: int, policy_versions: npt.ArrayLike) -> int:
 
 
 def _array(name: str, value: Any, dtype: type) -> npt.NDArray[Any]:
-    arr = np.array(value, dtype=dtype, copy=True)
+    arr: npt.NDArray[Any] = np.array(value, dtype=dtype, copy=True)
     if arr.ndim != 1:
         raise ValueError(f"Trajectory.{name}: expected a 1-D sequence, got shape {arr.shape}")
     arr.setflags(write=False)

@@ -11,10 +11,16 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import dataclass_transform
 
 T = TypeVar("T")
 MISSING = dataclasses.MISSING
@@ -36,6 +42,7 @@ def knob(
     return dataclasses.field(default=default, metadata=meta)
 
 
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
 def section(cls: type[T]) -> type[T]:
     """Decorator: a frozen, keyword-only config dataclass."""
     return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
