@@ -72,7 +72,7 @@ def _convert(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
         if not isinstance(value, Mapping):
             problems.append(f"{key}: expected a mapping (section), got {value!r}; write it as 'key: value' lines")
             return None
-        return build(tp, value, key, problems)
+        return build(typing.cast(type, tp), value, key, problems)
     if origin is Literal:
         if value in get_args(tp):
             return value
