@@ -1,0 +1,130 @@
+"""ChatML per-message pieces as token IDs, derived once from a model dir without torch/transformers.
+
+Guarantees:
+- Loads ``tokenizer.json`` with the Rust ``tokenizers`` library and reads the special tokens from
+  ``tokenizer_config.json``; no jinja, no transformers.
+- The chat template must be ChatML-style: ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n`` per message
+  and ``<|im_start|>assistant\\n`` as the generation prompt. Anything else is a ConfigError.
+- **The piece rule.** A message is ``prefix(role) + encode(content) + suffix`` where
+  ``prefix(role) = encode("<|im_start|>" + role + "\\n")`` and ``suffix = encode("<|im_end|>\\n")``,
+  each encoded ALONE (special tokens become their single IDs). Pieces are computed once and
+  cached. For a first prompt whose message contents neither start nor end with whitespace this
+  equals ``apply_chat_template(..., tokenize=True)`` (tested); where content starts with
+  whitespace, the BPE of the whole rendered text could merge across the boundary and ours does
+  not. That is deliberate: what matters is that the trainer sees exactly the IDs the engine saw,
+  and those are ours.
+- ``end_of_turn`` is the ``<|im_end|>`` ID; ``after_end_of_turn`` is what the template puts after it
+  (the ``"\\n"``); a completion that stops without ``<|im_end|>`` gets ``suffix`` appended.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from hpc.errors import ConfigError
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message (text only; tool calls live inside the assistant's text)."""
+
+    role: str
+    content: str
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json stores a special token as a string or as an AddedToken dict."""
+    if isinstance(value, dict):
+        return str(value.get("content")) if value.get("content") is not None else None
+    return value if isinstance(value, str) else None
+
+
+def _read_chat_template(model_dir: Path, config: dict[str, Any]) -> str:
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    return template if isinstance(template, str) else ""
+
+
+class ChatTemplate:
+    """ChatML pieces as token IDs plus the tokenizer the agent uses for observations."""
+
+    def __init__(self, tokenizer: Tokenizer, *, eos_token: str | None = None, bos_token: str | None = None,
+                 template_text: str = "") -> None:
+        self.tokenizer = tokenizer
+        self._prefixes: dict[str, tuple[int, ...]] = {}
+        self.im_start = self._special_id(IM_START)
+        self.im_end = self._special_id(IM_END)
+        self.eos = tokenizer.token_to_id(eos_token) if eos_token else None
+        # A template that opens with the BOS token (rare for ChatML) gets it at the start of a prompt.
+        bos_id = tokenizer.token_to_id(bos_token) if bos_token and "bos_token" in template_text else None
+        self.bos_prefix: tuple[int, ...] = (int(bos_id),) if bos_id is not None else ()
+        self.suffix = tuple(self.encode(IM_END + "\n"))
+        assert self.suffix[0] == self.im_end, "<|im_end|> must encode to its own ID"
+        self.after_end_of_turn = self.suffix[1:]
+        self.generation_prompt = self.prefix("assistant")
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> ChatTemplate:
+        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``chat_template.jinja``) of an HF model dir."""
+        d = Path(model_dir)
+        tok_file = d / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ConfigError([f"model dir {d}: no tokenizer.json (the agent needs a fast tokenizer file)"])
+        config_file = d / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        template_text = _read_chat_template(d, config)
+        if template_text and not (IM_START in template_text and IM_END in template_text):
+            raise ConfigError([f"model dir {d}: chat template is not ChatML ({IM_START} ... {IM_END}); "
+                               "the agent's per-message pieces are only defined for ChatML"])
+        return cls(Tokenizer.from_file(str(tok_file)), eos_token=_token_text(config.get("eos_token")),
+                   bos_token=_token_text(config.get("bos_token")), template_text=template_text)
+
+    def _special_id(self, text: str) -> int:
+        tid = self.tokenizer.token_to_id(text)
+        if tid is None:
+            raise ConfigError([f"tokenizer has no {text} token; the agent needs a ChatML tokenizer"])
+        return int(tid)
+
+    def encode(self, text: str) -> list[int]:
+        """Encode a piece of text alone (no post-processor additions; special tokens recognised)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def prefix(self, role: str) -> tuple[int, ...]:
+        """``<|im_start|>ROLE\\n`` as IDs (cached: a handful of roles per template)."""
+        cached = self._prefixes.get(role)
+        if cached is None:
+            if not re.fullmatch(r"[A-Za-z_]+", role):
+                raise ValueError(f"bad chat role {role!r}")
+            cached = self._prefixes[role] = tuple(self.encode(f"{IM_START}{role}\n"))
+        return cached
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """What the engine must stop on: the end of turn, and EOS when it differs."""
+        return [self.im_end] + ([self.eos] if self.eos is not None and self.eos != self.im_end else [])
+
+    def message_ids(self, role: str, content_ids: Sequence[int]) -> list[int]:
+        return [*self.prefix(role), *content_ids, *self.suffix]
+
+    def first_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The opening prompt: every message by the piece rule, then the generation prompt."""
+        ids: list[int] = list(self.bos_prefix)
+        for m in messages:
+            ids.extend(self.message_ids(m.role, self.encode(m.content)))
+        ids.extend(self.generation_prompt)
+        return ids

@@ -1,0 +1,125 @@
+"""The tool-call format the agent speaks, and its parser.
+
+Format (Hermes / Qwen style, which instruction-tuned ChatML models already emit)::
+
+    <tool_call>
+    {"name": "bash", "arguments": {"command": "ls -la"}}
+    </tool_call>
+
+Guarantees:
+- Parsing reads the decoded text of a completion and never touches its token IDs: the IDs stay as
+  generated whatever the parse says.
+- One call per turn: the first ``<tool_call>`` block counts; later blocks are ignored and the
+  observation says so.
+- :func:`parse_tool_call` never raises: no call, an unclosed block, bad JSON, an unknown tool or
+  wrong arguments all come back as a :class:`ParseError` whose message becomes the observation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+
+# tool name -> {argument: (type, required)}; ints are also accepted where numbers are.
+TOOL_SPECS: dict[str, dict[str, tuple[type, bool]]] = {
+    "bash": {"command": (str, True), "timeout_s": (float, False)},
+    "python": {"code": (str, True), "timeout_s": (float, False)},
+    "view": {"path": (str, True), "start_line": (int, False), "end_line": (int, False)},
+    "create": {"path": (str, True), "content": (str, True)},
+    "str_replace": {"path": (str, True), "old": (str, True), "new": (str, True)},
+    "insert": {"path": (str, True), "line": (int, True), "text": (str, True)},
+    "submit": {},
+}
+
+TOOL_DOCS = """\
+You can call exactly one tool per turn. Write the call as JSON inside tags:
+<tool_call>
+{"name": "TOOL", "arguments": {...}}
+</tool_call>
+Tools:
+- bash {"command": str}: run a command in a persistent bash shell (cwd and env persist).
+- python {"code": str}: run code in a persistent Python interpreter.
+- view {"path": str, "start_line"?: int, "end_line"?: int}: show a file with line numbers, or list a directory.
+- create {"path": str, "content": str}: create or overwrite a file.
+- str_replace {"path": str, "old": str, "new": str}: replace the one occurrence of old with new.
+- insert {"path": str, "line": int, "text": str}: insert text after line (0 = at the top).
+- submit {}: finish; your changes to the repository are evaluated."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A well-formed call: a known tool with type-checked arguments."""
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""  # e.g. "2 extra tool calls ignored"
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """Why a completion holds no usable call; ``message`` is shown to the model."""
+
+    message: str
+    kind: str  # "no_call" | "unclosed" | "bad_json" | "unknown_tool" | "bad_arguments"
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """The canonical text of a call (for scripted policies, prompts and tests)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': dict(arguments)})}\n{CLOSE}"
+
+
+def _check_arguments(name: str, args: Mapping[str, Any]) -> str | None:
+    spec = TOOL_SPECS[name]
+    unknown = sorted(set(args) - set(spec))
+    if unknown:
+        return f"tool {name!r} has no argument(s) {unknown}; valid: {sorted(spec)}"
+    for arg, (typ, required) in spec.items():
+        if arg not in args:
+            if required:
+                return f"tool {name!r} needs argument {arg!r}"
+            continue
+        value = args[arg]
+        ok = isinstance(value, typ) and not isinstance(value, bool)
+        if typ is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            return f"tool {name!r}: argument {arg!r} must be {typ.__name__}, got {type(value).__name__}"
+    return None
+
+
+def _decode_call(body: str) -> ToolCall | ParseError:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return ParseError(f"tool call is not valid JSON ({exc.msg} at char {exc.pos})", "bad_json")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ParseError('tool call must be a JSON object {"name": ..., "arguments": {...}}', "bad_json")
+    name, args = obj["name"], obj.get("arguments", {})
+    if name not in TOOL_SPECS:
+        return ParseError(f"unknown tool {name!r}; tools: {', '.join(TOOL_SPECS)}", "unknown_tool")
+    if not isinstance(args, dict):
+        return ParseError(f"tool {name!r}: 'arguments' must be a JSON object", "bad_arguments")
+    problem = _check_arguments(name, args)
+    if problem:
+        return ParseError(problem, "bad_arguments")
+    return ToolCall(name, args)
+
+
+def parse_tool_call(text: str) -> ToolCall | ParseError:
+    """The first tool call in ``text``, or why there is none."""
+    start = text.find(OPEN)
+    if start < 0:
+        return ParseError(f"no tool call found; call a tool with {OPEN}...{CLOSE} (submit when done)", "no_call")
+    end = text.find(CLOSE, start)
+    if end < 0:
+        return ParseError(f"tool call not closed with {CLOSE}", "unclosed")
+    result = _decode_call(text[start + len(OPEN):end].strip())
+    extra = text.count(OPEN, end)
+    if isinstance(result, ToolCall) and extra:
+        return ToolCall(result.name, result.arguments, note=f"only the first tool call runs; {extra} ignored")
+    return result
