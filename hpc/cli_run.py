@@ -11,6 +11,8 @@ from typing import Any
 
 from hpc.cli import add_config_args
 from hpc.cli_util import add_run_arg
+from hpc.config import RunConfig
+from hpc.paths import RunPaths
 
 
 def _config_default(args: argparse.Namespace) -> int:
@@ -29,12 +31,27 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _init(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
+def prepare_model(paths: RunPaths, config: RunConfig) -> None:
+    """``model.path: tiny`` builds a tiny random model + tokenizer into RUN/model (tests and the demo)."""
+    if config.model.path != "tiny" or (paths.model / "config.json").exists():
+        return
+    # Entry points may reach across packages; the tiny model needs torch, so it is imported only here.
+    from train_node.infer.tiny import build_tiny_model
+
+    build_tiny_model(paths.model, seed=config.run.seed)
+
+
+def init_run(run: str, config: RunConfig, *, if_missing: bool = False) -> RunPaths:
+    """The one code path every launcher uses to create a run directory."""
     from hpc.rundir import create_run
 
-    config = load_config(args.config, args.overrides)
-    paths = create_run(args.run, config, if_missing=args.if_missing)
+    return create_run(run, config, if_missing=if_missing, prepare=prepare_model)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from hpc.config import load_config
+
+    paths = init_run(args.run, load_config(args.config, args.overrides), if_missing=args.if_missing)
     print(paths.root)
     return 0
 

@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 import secrets
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,13 @@ def render_run_yaml(config: RunConfig, prov: dict[str, Any]) -> str:
     return header + body
 
 
-def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = False) -> RunPaths:
-    """Create the run directory layout and write run.yaml. With ``if_missing``, an existing run is checked instead."""
+def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = False,
+               prepare: Callable[[RunPaths, RunConfig], None] | None = None) -> RunPaths:
+    """Create the run directory layout and write run.yaml. With ``if_missing``, an existing run is checked instead.
+
+    ``prepare`` runs after the layout exists and before run.yaml is written (e.g. building the tiny
+    model into RUN/model, so that its hash lands in the provenance).
+    """
     paths = RunPaths(Path(run_dir))
     if paths.run_yaml.exists():
         if not if_missing:
@@ -101,6 +107,8 @@ def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = Fal
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
         atomic_write_text(paths.layout_file, f"{LAYOUT_VERSION}\n")
+        if prepare is not None:
+            prepare(paths, config)
         atomic_write_text(paths.run_yaml, render_run_yaml(config, provenance(config, paths)))
     except OSError as exc:
         raise RunDirError(f"cannot create the run directory {paths.root}: {exc.strerror}; check permissions and "
