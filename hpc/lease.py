@@ -1,0 +1,314 @@
+"""Task leases on a shared filesystem: claim by rename, liveness by heartbeat counters.
+
+Guarantees (each holds on NFS, Lustre and GPFS; no flock/fcntl, no inotify, no mtimes):
+
+- A task file lives in exactly one place: ``ready/``, ``claimed/<worker>/`` or ``done/``. Moving it
+  is a ``rename``, so of several claimers exactly one wins. After an error on rename the claimer
+  looks into its own claim directory before concluding it lost (an NFS retry of a rename that
+  already happened answers ENOENT).
+- A file name is ``<task>@<attempt>``: the attempt is the lease's epoch. Finishing or releasing a
+  lease renames exactly that name, so a lease that was reclaimed in the meantime (its holder was
+  stopped past its lease) can no longer finish: :meth:`TaskQueue.finish` answers False.
+- ``put`` is idempotent per task id: ids already ready, claimed or done (``done/<task>@<attempt>``
+  is kept forever) are skipped, and the final link refuses to replace an existing file.
+- A worker is alive while its heartbeat counter file changes, as observed on the *observer's own*
+  ``time.monotonic()``; a worker whose counter has not changed for its lease (written into the
+  heartbeat file) is expired and its claims go back to ``ready/`` with the attempt bumped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import random
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from hpc.errors import SpoolError
+
+
+def safe_name(text: str) -> str:
+    """A file name for ``text``: reversible quoting, never dot-prefixed, hashed when very long."""
+    name = quote(text, safe="")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if len(name) > 160:
+        name = "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+    return name
+
+
+def unsafe_name(name: str) -> str:
+    return unquote(name)
+
+
+def visible(names: Iterable[str]) -> list[str]:
+    """Names that are published (dot-prefixed ones are temporaries)."""
+    return [n for n in names if not n.startswith(".")]
+
+
+def listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def try_rename(src: Path, dst: Path, *, check_dst: bool = True) -> bool:
+    """Rename ``src`` to ``dst``; True if this call moved it (or an earlier retry of it did).
+
+    ``check_dst``: ``dst`` is a name only this caller can produce (its own claim directory, its
+    own attempt), so finding it after an error means the rename happened.
+    """
+    try:
+        os.rename(src, dst)
+        return True
+    except FileNotFoundError:
+        return check_dst and dst.exists()  # an NFS retransmit of our own rename answers ENOENT
+    except OSError as exc:
+        if check_dst and dst.exists():
+            return True
+        raise SpoolError(f"cannot move {src} to {dst}: {exc}; check permissions and free space on "
+                         f"{dst.parent}") from exc
+
+
+def publish_file(target: Path, data: bytes, *, fsync: bool = True, replace: bool = False) -> bool:
+    """Write ``data`` to a temporary sibling, fsync, then make it visible at ``target``.
+
+    ``replace=False`` links instead of renaming so an existing ``target`` is kept (returns False).
+    On any error nothing is visible at ``target`` and the temporary is gone.
+    """
+    tmp = target.with_name(f".tmp@{os.getpid()}@{secrets.token_hex(4)}")
+    renamed = False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.rename(tmp, target)
+            renamed = True
+            return True
+        try:
+            os.link(tmp, target)
+            return True
+        except FileExistsError:
+            return False
+    except OSError as exc:
+        raise fs_error(exc, target.parent, f"publishing {target.name}") from exc
+    finally:
+        if not renamed:
+            tmp.unlink(missing_ok=True)
+
+
+def fs_error(exc: OSError, directory: Path, what: str) -> SpoolError:
+    """A SpoolError that names the directory and the fix (full disk and quota spelled out)."""
+    if exc.errno == errno.ENOSPC:
+        return SpoolError(f"{what}: no space left on the filesystem of {directory} (ENOSPC); free space "
+                          f"there or move the run directory; nothing partial was published")
+    if exc.errno == errno.EDQUOT:
+        return SpoolError(f"{what}: disk quota exceeded on {directory} (EDQUOT); free space or ask for a "
+                          f"larger quota (see 'lfs quota' / 'quota -s'); nothing partial was published")
+    return SpoolError(f"{what}: {exc.strerror or exc} on {directory}; check that it exists and is writable")
+
+
+# ---------------------------------------------------------------------------------------------
+# Heartbeats
+
+
+class Heartbeat:
+    """Writes ``heartbeats/<worker>``: a counter that changes on every beat, plus the lease length."""
+
+    def __init__(self, directory: Path, worker_id: str) -> None:
+        self.path = directory / safe_name(worker_id)
+        self._token = secrets.token_hex(4)  # a restarted worker never repeats an old value
+        self._count = 0
+
+    def beat(self, lease_s: float) -> None:
+        self._count += 1
+        text = f"{self._token}-{self._count} {lease_s:.3f}\n".ljust(48).encode()
+        try:
+            # In place (no create/rename): a heartbeat costs no metadata-changing operation.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.pwrite(fd, text, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SpoolError(f"cannot write heartbeat {self.path}: {exc}") from exc
+
+
+def read_heartbeat(path: Path) -> tuple[str, float] | None:
+    """(counter, lease_s) from a heartbeat file, or None when absent or unreadable."""
+    try:
+        parts = path.read_text().split()
+        return parts[0], float(parts[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Liveness:
+    """Judges workers alive or expired from their heartbeat counters, on this process's clock.
+
+    A worker is expired when its counter (or its absence) has stayed the same for longer than its
+    lease, measured from when *this* observer first saw that value. A fresh observer therefore
+    waits a full lease before reclaiming anything: never early, at worst one lease late.
+    """
+
+    def __init__(self, directory: Path, default_lease_s: float) -> None:
+        self.directory = directory
+        self.default_lease_s = default_lease_s
+        self._seen: dict[str, tuple[str | None, float]] = {}
+
+    def expired(self, worker_name: str) -> bool:
+        hb = read_heartbeat(self.directory / worker_name)
+        value, lease_s = (hb[0], hb[1]) if hb else (None, self.default_lease_s)
+        now = time.monotonic()
+        last = self._seen.get(worker_name)
+        if last is None or last[0] != value:
+            self._seen[worker_name] = (value, now)
+            return False
+        return now - last[1] > lease_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskLease:
+    """A claimed task. ``attempt`` is the lease epoch: it grows each time the task is reclaimed."""
+
+    task_id: str
+    task: Mapping[str, Any]
+    worker_id: str
+    attempt: int
+    path: Path
+    lease_s: float
+
+
+def _split(file_name: str) -> tuple[str, int]:
+    name, _, attempt = file_name.rpartition("@")
+    return name, int(attempt)
+
+
+class TaskQueue:
+    """The task side of the spool: ``tasks/{ready,claimed/<worker>,done}``."""
+
+    def __init__(self, root: Path, heartbeats: Path, lease_s: float, reap_interval_s: float) -> None:
+        self.ready, self.claimed, self.done = root / "ready", root / "claimed", root / "done"
+        for d in (self.ready, self.claimed, self.done):
+            d.mkdir(parents=True, exist_ok=True)
+        self.heartbeats = heartbeats
+        self.lease_s = lease_s
+        self.reap_interval_s = reap_interval_s
+        self.liveness = Liveness(heartbeats, lease_s)
+        self._candidates: list[str] = []
+        self._next_reap = 0.0
+        self._made: set[str] = set()
+
+    # -- put ------------------------------------------------------------------------------------
+    def known_names(self) -> set[str]:
+        names = {_split(n)[0] for n in visible(listdir(self.ready))}
+        for worker in visible(listdir(self.claimed)):
+            names.update(_split(n)[0] for n in visible(listdir(self.claimed / worker)))
+        names.update(_split(n)[0] for n in visible(listdir(self.done)))
+        return names
+
+    def put(self, tasks: Iterable[Mapping[str, Any]]) -> int:
+        known = self.known_names()
+        added = 0
+        for task in tasks:
+            task_id = task.get("task_id")
+            if not isinstance(task_id, str) or not task_id:
+                raise SpoolError(f"put_tasks: every task needs a non-empty string 'task_id', got {task_id!r}")
+            name = safe_name(task_id)
+            if name in known:
+                continue
+            known.add(name)
+            data = json.dumps(dict(task), sort_keys=True, default=str).encode()
+            added += publish_file(self.ready / f"{name}@0", data)
+        return added
+
+    # -- claim ----------------------------------------------------------------------------------
+    def _worker_dir(self, worker_id: str) -> Path:
+        path = self.claimed / safe_name(worker_id)
+        if worker_id not in self._made:
+            path.mkdir(exist_ok=True)
+            self._made.add(worker_id)
+        return path
+
+    def claim(self, worker_id: str, lease_s: float) -> TaskLease | None:
+        mine = self._worker_dir(worker_id)
+        for _ in range(3):
+            if not self._candidates:
+                self._candidates = visible(listdir(self.ready))
+                if not self._candidates:
+                    return None
+                random.shuffle(self._candidates)  # spread claimers over the queue: fewer collisions
+            for _miss in range(32):
+                if not self._candidates:
+                    break
+                file_name = self._candidates.pop()
+                if try_rename(self.ready / file_name, mine / file_name):
+                    return self._load(worker_id, mine / file_name, lease_s)
+            else:
+                self._candidates = []  # 32 misses in a row: our listing has gone stale
+        return None
+
+    def _load(self, worker_id: str, path: Path, lease_s: float) -> TaskLease | None:
+        try:
+            task = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)  # unreadable: not a task anyone can run
+            return None
+        name, attempt = _split(path.name)
+        return TaskLease(task_id=str(task["task_id"]), task=task, worker_id=worker_id, attempt=attempt,
+                         path=path, lease_s=lease_s)
+
+    # -- end of a lease --------------------------------------------------------------------------
+    def finish(self, lease: TaskLease) -> bool:
+        """Mark done; False when the lease was reclaimed meanwhile (the late result is a duplicate)."""
+        return try_rename(lease.path, self.done / lease.path.name)
+
+    def release(self, lease: TaskLease) -> bool:
+        name, attempt = _split(lease.path.name)
+        return try_rename(lease.path, self.ready / f"{name}@{attempt + 1}", check_dst=False)
+
+    # -- expiry ---------------------------------------------------------------------------------
+    def maybe_reclaim(self) -> int:
+        now = time.monotonic()
+        if now < self._next_reap:
+            return 0
+        self._next_reap = now + self.reap_interval_s * random.uniform(0.8, 1.2)
+        return self.reclaim_expired()
+
+    def reclaim_expired(self) -> int:
+        """Give the claims of expired workers back to ``ready/`` (attempt + 1); returns how many."""
+        moved = 0
+        for worker in visible(listdir(self.claimed)):
+            files = visible(listdir(self.claimed / worker))
+            if not files or not self.liveness.expired(worker):
+                continue
+            for file_name in files:
+                name, attempt = _split(file_name)
+                try:
+                    os.rename(self.claimed / worker / file_name, self.ready / f"{name}@{attempt + 1}")
+                    moved += 1
+                except FileNotFoundError:
+                    pass  # its holder finished or released it just now
+        return moved
+
+    def counts(self) -> dict[str, int]:
+        claimed = sum(len(visible(listdir(self.claimed / w))) for w in visible(listdir(self.claimed)))
+        return {"tasks_ready": len(visible(listdir(self.ready))), "tasks_claimed": claimed,
+                "tasks_done": len(visible(listdir(self.done)))}

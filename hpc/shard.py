@@ -1,0 +1,289 @@
+"""The trajectory shard: file format and the writer that seals and publishes shards.
+
+Format (self-describing, no pickle: reading a shard never executes code)::
+
+    header (56 bytes, little endian): magic b"SPOOLSHD" | format u16 | header length u16 |
+        flags u32 | body length u64 | sha256(body) 32 bytes
+    body: an Arrow IPC stream; one record batch per group, one row per trajectory; token arrays
+        are list<int32|int8|float32> columns; ``meta`` holds the remaining fields as JSON; the
+        schema metadata names the format and trajectory schema versions and the writer session.
+
+A short file, a wrong length or a digest mismatch raises :class:`CorruptShardError`.
+
+Writer guarantees:
+- A group is never split across shards; a shard is sealed when it reaches
+  ``shard_max_trajectories`` or ``shard_max_mb``, or is older than ``shard_max_age_s`` (a
+  background thread checks age), and on ``flush()``/exit.
+- A shard appears only sealed: written to a dot-temporary in ``ready/``, fsynced, renamed. A
+  writer killed mid-shard leaves at most a dot-temporary, named ``.tmp@<pid>@<host>@...`` so a
+  cleaner on the same host can tell that its writer is dead.
+- A full disk or quota raises :class:`SpoolError` naming the directory and the fix; the
+  temporary is removed and the pending groups stay in memory, so ``flush()`` can be retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from hpc.config.spool import SpoolConfig
+from hpc.errors import CorruptShardError, SpoolError
+from hpc.lease import fs_error, safe_name
+from hpc.trajectory import SCHEMA_VERSION, Trajectory, group_ids_consistent
+
+MAGIC = b"SPOOLSHD"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sHHIQ32s")
+SUFFIX = ".shard"
+_COUNT = re.compile(r"-n(\d+)$")
+
+_LISTS = (("token_ids", pa.int32()), ("loss_mask", pa.int8()), ("logprobs", pa.float32()),
+          ("policy_versions", pa.int32()))
+SCHEMA = pa.schema(
+    [("trajectory_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()),
+     ("sample_index", pa.int32()), ("attempt", pa.int32()), ("status", pa.string()), ("reward", pa.float64())]
+    + [(name, pa.list_(tp)) for name, tp in _LISTS]
+    + [("meta", pa.string())]
+)
+
+
+def shard_count(shard_id: str) -> int:
+    """Trajectories in a shard, read from its id (no I/O); 0 if the id has no count."""
+    m = _COUNT.search(shard_id)
+    return int(m.group(1)) if m else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _list_array(trajs: Sequence[Trajectory], name: str, tp: pa.DataType) -> pa.ListArray:
+    parts = [getattr(t, name) for t in trajs]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=tp))
+
+
+def encode_group(trajs: Sequence[Trajectory]) -> pa.RecordBatch:
+    """One record batch: the rows of one group, token arrays as columnar lists."""
+    columns: list[pa.Array] = [
+        pa.array([t.trajectory_id for t in trajs], pa.string()),
+        pa.array([t.task_id for t in trajs], pa.string()),
+        pa.array([t.group_id for t in trajs], pa.string()),
+        pa.array([t.sample_index for t in trajs], pa.int32()),
+        pa.array([t.attempt for t in trajs], pa.int32()),
+        pa.array([t.status.value for t in trajs], pa.string()),
+        pa.array([t.reward for t in trajs], pa.float64()),
+    ]
+    columns += [_list_array(trajs, name, tp) for name, tp in _LISTS]
+    columns.append(pa.array([json.dumps(t.meta(), sort_keys=True, default=str) for t in trajs], pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+def encode_shard(batches: Sequence[pa.RecordBatch], writer_session: str) -> tuple[bytes, pa.Buffer]:
+    """(header, body) of a shard holding ``batches``."""
+    schema = SCHEMA.with_metadata({"spoolrl.format": "shard", "spoolrl.format_version": str(FORMAT_VERSION),
+                                   "spoolrl.trajectory_schema": str(SCHEMA_VERSION),
+                                   "spoolrl.writer": writer_session})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as stream:
+        for batch in batches:
+            stream.write_batch(batch)
+    body = sink.getvalue()
+    digest = hashlib.sha256(memoryview(body)).digest()
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, 0, body.size, digest)
+    return header, body
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def decode_table(data: bytes | memoryview, where: str) -> pa.Table:
+    """Check a shard's header and digest and return its table; CorruptShardError otherwise."""
+    view = memoryview(data)
+    if len(view) < HEADER.size:
+        raise CorruptShardError(f"{where}: truncated ({len(view)} bytes, the header alone is {HEADER.size})")
+    magic, version, header_len, _flags, body_len, digest = HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptShardError(f"{where}: not a spoolrl shard (magic {magic!r})")
+    if version > FORMAT_VERSION:
+        raise CorruptShardError(f"{where}: shard format {version} is newer than this spoolrl ({FORMAT_VERSION})")
+    body = view[header_len:]
+    if len(body) != body_len:
+        raise CorruptShardError(f"{where}: truncated or padded (body {len(body)} bytes, header says {body_len})")
+    if hashlib.sha256(body).digest() != digest:
+        raise CorruptShardError(f"{where}: checksum mismatch (corrupted on disk or in transit)")
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptShardError(f"{where}: undecodable Arrow stream: {exc}") from exc
+    if not set(SCHEMA.names) <= set(table.schema.names):
+        raise CorruptShardError(f"{where}: missing columns {sorted(set(SCHEMA.names) - set(table.schema.names))}")
+    return table
+
+
+def table_trajectories(table: pa.Table, where: str, rows: Sequence[int] | None = None) -> Iterator[Trajectory]:
+    """Rebuild Trajectory records (validated) from a decoded shard table."""
+    arrays = {}
+    for name, _ in _LISTS:
+        col = table.column(name).combine_chunks()
+        arrays[name] = (col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False))
+    metas = table.column("meta").to_pylist()
+    for i in range(table.num_rows) if rows is None else rows:
+        fields: dict[str, Any] = json.loads(metas[i])
+        for name, (offsets, values) in arrays.items():
+            fields[name] = values[offsets[i]:offsets[i + 1]]
+        try:
+            yield Trajectory.from_json(fields)
+        except (TypeError, ValueError) as exc:
+            raise CorruptShardError(f"{where}: row {i} is not a valid trajectory: {exc}") from exc
+
+
+def read_shard_file(path: Path) -> pa.Table:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpoolError(f"cannot read shard {path}: {exc}") from exc
+    return decode_table(data, str(path))
+
+
+def writer_session(table: pa.Table) -> str:
+    meta = table.schema.metadata or {}
+    return meta.get(b"spoolrl.writer", b"").decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+
+
+def _tmp_prefix() -> str:
+    return f".tmp@{os.getpid()}@{safe_name(socket.gethostname())}@"
+
+
+class ShardWriter:
+    """Appends groups to an open shard and publishes it sealed into ``ready/`` (see module doc)."""
+
+    def __init__(self, ready_dir: Path, worker_id: str, config: SpoolConfig) -> None:
+        self.ready_dir = ready_dir
+        self.worker_id = worker_id
+        self.config = config
+        self.session = f"{safe_name(worker_id)}.{secrets.token_hex(4)}"
+        self.published: list[str] = []
+        self._batches: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._bytes = 0
+        self._opened = 0.0
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- public -------------------------------------------------------------------------------
+    def add(self, traj: Trajectory) -> None:
+        self.add_group([traj])
+
+    def add_group(self, trajs: Sequence[Trajectory]) -> None:
+        if not trajs:
+            return
+        if not group_ids_consistent(trajs):
+            raise ValueError("add_group: a group holds samples of one task with one group_id")
+        batch = encode_group(trajs)
+        with self._lock:
+            if self._rows and self._would_overflow(len(trajs), batch.nbytes):
+                self._seal()
+            if not self._rows:
+                self._opened = time.monotonic()
+            self._batches.append(batch)
+            self._rows += len(trajs)
+            self._bytes += batch.nbytes
+            if self._full():
+                self._seal()
+
+    def flush(self) -> str | None:
+        """Seal and publish the open shard now; returns its id (None if nothing was pending)."""
+        with self._lock:
+            return self._seal()
+
+    def pending(self) -> int:
+        return self._rows
+
+    def __enter__(self) -> ShardWriter:
+        self._thread = threading.Thread(target=self._age_loop, name=f"shard-age-{self.worker_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.flush()
+
+    # -- sealing ------------------------------------------------------------------------------
+    def _would_overflow(self, rows: int, nbytes: int) -> bool:
+        return (self._rows + rows > self.config.shard_max_trajectories
+                or self._bytes + nbytes > self.config.shard_max_mb * 1e6)
+
+    def _full(self) -> bool:
+        return (self._rows >= self.config.shard_max_trajectories
+                or self._bytes >= self.config.shard_max_mb * 1e6)
+
+    def _age_loop(self) -> None:
+        tick = min(1.0, self.config.shard_max_age_s / 4)
+        while not self._stop.wait(tick):
+            with self._lock:
+                if self._rows and time.monotonic() - self._opened >= self.config.shard_max_age_s:
+                    try:
+                        self._seal()
+                    except SpoolError:
+                        pass  # disk full: the groups stay pending; the next add/flush raises
+
+    def _seal(self) -> str | None:
+        if not self._rows:
+            return None
+        self._seq += 1
+        shard_id = f"{int(time.time() * 1000):013d}-{self.session}-{self._seq:05d}-n{self._rows}"
+        header, body = encode_shard(self._batches, self.session)
+        self._publish(shard_id, header, body)
+        self._batches, self._rows, self._bytes = [], 0, 0
+        self.published.append(shard_id)
+        return shard_id
+
+    def _publish(self, shard_id: str, header: bytes, body: pa.Buffer) -> None:
+        tmp = self.ready_dir / f"{_tmp_prefix()}{shard_id}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(memoryview(body))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self.ready_dir / f"{shard_id}{SUFFIX}")
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise fs_error(exc, self.ready_dir, f"publishing shard {shard_id}") from exc
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

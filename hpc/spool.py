@@ -1,0 +1,408 @@
+"""The spool: a task queue and a trajectory-shard queue on a shared filesystem, with no server.
+
+Layout under ``RUN/spool/`` (``RUN/control/fence/`` holds the consumer generations)::
+
+    tasks/ready/<task>@<attempt>        tasks/claimed/<worker>/<task>@<attempt>     tasks/done/<task>@<attempt>
+    heartbeats/<worker>                 (a counter that changes while the worker lives)
+    shards/ready/<shard>.shard          shards/claimed/<consumer>@g<generation>/<shard>.shard
+    shards/committed/<shard>.shard      shards/quarantine/<shard>.shard (+ .reason.json)
+    shards/commits/<generation>-....json  (what each commit covered, and which rows it dropped)
+    dropped/<...>.json                  (trajectories dropped elsewhere, with the reason)
+
+Guarantees (mechanisms: temp + fsync + rename; claim by rename; heartbeat counters judged on the
+reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
+
+- Each task and each shard goes to exactly one claimer (see :mod:`hpc.lease`, :mod:`hpc.shard`).
+- Exactly once into the model: a trainer claims shards, trains, checkpoints the shard ids, then
+  ``commit``s. After a crash, ``fence`` + ``recover(consumer, ids_in_latest_checkpoint)`` commits
+  those and returns every other claimed shard to ``ready/``. A stale trainer (older generation)
+  gets :class:`FencedError` from ``commit``/``recover``. Shard claims are never reclaimed by
+  lease: a trainer may legitimately hold shards through a long step, only its successor frees them.
+- Deduplication by task id: the first writer session (and attempt) that delivers a task id owns
+  it; rows of that task from any other shard are dropped with reason ``duplicate_task`` and the
+  drop is written into the commit record. This absorbs the late result of a worker that was
+  stopped past its lease (its ``finish_task`` also answers False). The owners are rebuilt from the
+  commit records, so the rule survives trainer restarts. One consumer generation should claim
+  through one Spool object (rank 0), which is how the trainer uses it.
+- A corrupt or truncated shard is moved to ``quarantine/`` with a reason and counted; the reader
+  carries on. Every trajectory ends committed (trained), dropped with a reason, quarantined, or
+  still queued: :meth:`Spool.stats` counts each.
+- Idle polling costs one ``stat`` of ``shards/ready`` per poll and a listing only when the
+  directory changed (or every 4th poll, so coarse directory timestamps never hide a shard).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from hpc.config.spool import SpoolConfig
+from hpc.errors import CorruptShardError, FencedError
+from hpc.fsutil import atomic_write_json
+from hpc.lease import Heartbeat, TaskLease, TaskQueue, fs_error, listdir, publish_file, safe_name, try_rename, visible
+from hpc.paths import RunPaths
+from hpc.shard import SUFFIX, ShardWriter, decode_table, shard_count, table_trajectories, writer_session
+from hpc.trajectory import Trajectory
+
+__all__ = ["Shard", "Spool", "TaskLease"]
+
+
+class Shard:
+    """A claimed, verified shard. ``trajectories()`` yields its rows minus duplicates of other shards."""
+
+    def __init__(self, shard_id: str, path: Path, table: pa.Table, keep: list[int], info: dict[str, Any]):
+        self.shard_id = shard_id
+        self.path = path
+        self.table = table
+        self.keep = keep
+        self.info = info  # what the commit record says about it: owners, dropped rows, count
+
+    @property
+    def dropped(self) -> list[dict[str, str]]:
+        return list(self.info["dropped"])
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def trajectories(self) -> Iterator[Trajectory]:
+        return table_trajectories(self.table, str(self.path), self.keep)
+
+
+class Spool:
+    """Facade over the run's spool (see the module docstring for layout and guarantees)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], config: SpoolConfig | None = None) -> None:
+        self.paths = RunPaths(Path(run_dir))
+        self.config = config or SpoolConfig()
+        root = self.paths.spool
+        self.heartbeat_dir = root / "heartbeats"
+        self.shards = root / "shards"
+        self.ready, self.claimed = self.shards / "ready", self.shards / "claimed"
+        self.committed, self.quarantine = self.shards / "committed", self.shards / "quarantine"
+        self.commits, self.dropped_dir = self.shards / "commits", root / "dropped"
+        self.fence_dir = self.paths.control / "fence"
+        try:
+            for d in (self.heartbeat_dir, self.ready, self.claimed, self.committed, self.quarantine,
+                      self.commits, self.dropped_dir, self.fence_dir):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fs_error(exc, root, "creating the spool") from exc
+        self.tasks = TaskQueue(root / "tasks", self.heartbeat_dir, self.config.lease_s,
+                               reap_interval_s=max(1.0, self.config.lease_s / 4))
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._generation: dict[str, int] = {}
+        self._owners: dict[str, str] | None = None  # task_id -> "writer session#attempt" that owns it
+        self._poll_sig: tuple[int, ...] | None = None
+        self._polls = 0
+        self._tmp_seen: dict[str, tuple[int, float]] = {}
+        self._infos: dict[str, dict[str, Any]] = {}  # claimed here, not yet committed
+        self.corrupt_detected = 0
+
+    # =========================================================================== tasks
+    def put_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> int:
+        """Add tasks (each with a deterministic ``task_id``); ids seen before are skipped. Returns #added."""
+        return self.tasks.put(tasks)
+
+    def claim_task(self, worker_id: str, lease_s: float | None = None) -> TaskLease | None:
+        """Claim one ready task (None when none is ready); also reclaims leases of dead workers."""
+        lease_s = float(lease_s or self.config.lease_s)
+        self.heartbeat(worker_id, lease_s=lease_s)
+        lease = self.tasks.claim(worker_id, lease_s)
+        if lease is None and self.tasks.maybe_reclaim():
+            lease = self.tasks.claim(worker_id, lease_s)
+        return lease
+
+    def finish_task(self, lease: TaskLease) -> bool:
+        """Mark the task done; False if the lease had expired and was reclaimed (result is a duplicate)."""
+        return self.tasks.finish(lease)
+
+    def release_task(self, lease: TaskLease) -> bool:
+        """Give the task back to ready (next attempt); False if the lease was already reclaimed."""
+        return self.tasks.release(lease)
+
+    def heartbeat(self, worker_id: str, *, lease_s: float | None = None) -> None:
+        """Show that ``worker_id`` lives: call at least every ``heartbeat_interval_s``."""
+        hb = self._heartbeats.get(worker_id)
+        if hb is None:
+            hb = self._heartbeats[worker_id] = Heartbeat(self.heartbeat_dir, worker_id)
+        hb.beat(float(lease_s or self.config.lease_s))
+
+    def reclaim_expired(self) -> int:
+        """Return the tasks of workers whose heartbeat stopped for a lease to ready; returns how many."""
+        return self.tasks.reclaim_expired()
+
+    # =========================================================================== writing
+    def writer(self, worker_id: str) -> ShardWriter:
+        """A context manager with ``add(traj)``/``add_group(trajs)``; publishes sealed shards."""
+        return ShardWriter(self.ready, worker_id, self.config)
+
+    def pending_work(self) -> int:
+        """Backpressure: shards published and not yet claimed by a consumer."""
+        return sum(1 for n in visible(listdir(self.ready)) if n.endswith(SUFFIX))
+
+    def backpressure(self) -> bool:
+        """True while rollout nodes should stop claiming tasks (too much unconsumed work)."""
+        return self.pending_work() >= self.config.max_ready_shards
+
+    def drop(self, trajectories: Sequence[Trajectory], reason: str, process: str) -> None:
+        """Record trajectories dropped outside the spool (e.g. too stale) so each is accounted for."""
+        rows = [{"trajectory_id": t.trajectory_id, "task_id": t.task_id, "reason": reason} for t in trajectories]
+        record = {"process": process, "reason": reason, "t": time.time(), "trajectories": rows}
+        name = f"{int(time.time() * 1000):013d}-{safe_name(process)}-{secrets.token_hex(4)}.json"
+        publish_file(self.dropped_dir / name, json.dumps(record).encode())
+
+    # =========================================================================== consuming
+    def claim_shards(self, consumer_id: str, max_shards: int) -> list[Shard]:
+        """Claim up to ``max_shards`` ready shards (oldest first); corrupt ones are quarantined."""
+        listing = listdir(self.ready)
+        self._clean_tmp(listing)
+        names = sorted(n for n in visible(listing) if n.endswith(SUFFIX))
+        if not names:
+            return []
+        mine = self._claim_dir(consumer_id)
+        out: list[Shard] = []
+        for name in names:
+            if len(out) >= max_shards:
+                break
+            if try_rename(self.ready / name, mine / name):
+                shard = self._open(consumer_id, mine / name)
+                if shard is not None:
+                    out.append(shard)
+        return out
+
+    def wait_for_shards(self, consumer_id: str, max_shards: int, timeout_s: float) -> list[Shard]:
+        """Poll (interval ``poll_interval_s`` +-20 %) until shards arrive or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._ready_changed():
+                shards = self.claim_shards(consumer_id, max_shards)
+                if shards:
+                    return shards
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(left, self.config.poll_interval_s * random.uniform(0.8, 1.2)))
+
+    def _ready_changed(self) -> bool:
+        """One stat per poll; True when ``ready/`` changed, and on every 4th poll regardless."""
+        self._polls += 1
+        try:
+            st = os.stat(self.ready)
+        except OSError:
+            return True
+        sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink, st.st_ino)
+        changed = sig != self._poll_sig or self._polls % 4 == 0
+        self._poll_sig = sig
+        return changed
+
+    def _claim_dir(self, consumer_id: str) -> Path:
+        path = self.claimed / f"{safe_name(consumer_id)}@g{self._generation.get(consumer_id, 0)}"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def _open(self, consumer_id: str, path: Path) -> Shard | None:
+        shard_id = path.name[: -len(SUFFIX)]
+        try:
+            table = decode_table(path.read_bytes(), str(path))
+            keep, info = self._dedup(shard_id, table)
+            self._infos[shard_id] = info
+            return Shard(shard_id, path, table, keep, info)
+        except CorruptShardError as exc:
+            self._quarantine(path, str(exc), consumer_id)
+            return None
+
+    def _quarantine(self, path: Path, reason: str, consumer_id: str) -> None:
+        self.corrupt_detected += 1
+        target = self.quarantine / path.name
+        if try_rename(path, target):
+            record = {"reason": reason, "consumer": consumer_id, "host": socket.gethostname(), "t": time.time()}
+            atomic_write_json(self.quarantine / f"{path.name}.reason.json", record)
+
+    # -- deduplication by task id -----------------------------------------------------------------
+    def _dedup(self, shard_id: str, table: pa.Table) -> tuple[list[int], dict[str, Any]]:
+        """Rows to train and the commit-record info: first delivery (writer session, attempt) wins."""
+        owners = self._load_owners()
+        session = writer_session(table)
+        keep: list[int] = []
+        dropped: list[dict[str, str]] = []
+        mine: dict[str, str] = {}
+        columns = [table.column(c).to_pylist() for c in ("task_id", "attempt", "trajectory_id")]
+        for i, (task_id, attempt, traj_id) in enumerate(zip(*columns, strict=True)):
+            key = f"{session}#{attempt}"
+            if owners.setdefault(task_id, key) == key:
+                keep.append(i)
+                mine[task_id] = key
+            else:
+                dropped.append({"trajectory_id": traj_id, "task_id": task_id, "reason": "duplicate_task"})
+        return keep, {"owners": mine, "dropped": dropped, "count": table.num_rows}
+
+    def _load_owners(self) -> dict[str, str]:
+        if self._owners is None:
+            owners: dict[str, str] = {}
+            for record in self._commit_records():
+                for info in record.get("shards", {}).values():
+                    for task_id, key in info.get("owners", {}).items():
+                        owners.setdefault(task_id, key)
+            self._owners = owners
+        return self._owners
+
+    def _commit_records(self) -> Iterator[dict[str, Any]]:
+        for name in sorted(visible(listdir(self.commits))):
+            try:
+                yield json.loads((self.commits / name).read_bytes())
+            except (OSError, ValueError):
+                continue
+
+    # =========================================================================== commit / fence
+    def fence(self, consumer_id: str) -> int:
+        """Become the newest consumer generation; older ones can no longer commit. Returns it."""
+        while True:
+            generation = self.current_generation() + 1
+            record = {"consumer": consumer_id, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}
+            if publish_file(self.fence_dir / f"{generation:08d}", json.dumps(record).encode()):
+                self._generation[consumer_id] = generation
+                return generation
+
+    def current_generation(self) -> int:
+        gens = [int(n) for n in visible(listdir(self.fence_dir)) if n.isdigit()]
+        return max(gens, default=0)
+
+    def _check_fence(self, consumer_id: str) -> int:
+        mine, current = self._generation.get(consumer_id, 0), self.current_generation()
+        if mine != current:
+            raise FencedError(f"consumer {consumer_id!r} holds generation {mine} but generation {current} "
+                              f"exists (a newer trainer started): stop this process; its work is recovered "
+                              f"by the newer one")
+        return mine
+
+    def commit(self, consumer_id: str, shard_ids: Sequence[str]) -> int:
+        """Mark claimed shards as trained (after the checkpoint covering them). Returns #committed.
+
+        Raises FencedError if a newer consumer generation exists.
+        """
+        generation = self._check_fence(consumer_id)
+        mine = self._claim_dir(consumer_id)
+        done = [sid for sid in shard_ids if try_rename(mine / f"{sid}{SUFFIX}", self.committed / f"{sid}{SUFFIX}")]
+        if done:
+            self._write_commit_record(consumer_id, generation, {sid: self._shard_info(sid) for sid in done})
+        return len(done)
+
+    def _shard_info(self, shard_id: str) -> dict[str, Any]:
+        info = self._infos.pop(shard_id, None)
+        if info is None:  # claimed before a restart: recompute (same deterministic rule, shard order)
+            try:
+                table = decode_table((self.committed / f"{shard_id}{SUFFIX}").read_bytes(), shard_id)
+                info = self._dedup(shard_id, table)[1]
+            except (CorruptShardError, OSError) as exc:
+                info = {"owners": {}, "dropped": [], "count": shard_count(shard_id), "error": str(exc)}
+        return info
+
+    def _write_commit_record(self, consumer_id: str, generation: int, shards: dict[str, Any]) -> None:
+        record = {"consumer": consumer_id, "generation": generation, "t": time.time(), "shards": shards}
+        name = f"{generation:08d}-{int(time.time() * 1000):013d}-{secrets.token_hex(4)}.json"
+        publish_file(self.commits / name, json.dumps(record).encode())
+
+    def recover(self, consumer_id: str, committed_shard_ids: Iterable[str]) -> dict[str, int]:
+        """After a restart: commit what the latest checkpoint covers, return the rest to ready.
+
+        Handles this consumer's claims from every generation and any consumer's claims from older
+        generations. Returns ``{"committed": n, "returned": m}``.
+        """
+        generation = self._check_fence(consumer_id)
+        covered = set(committed_shard_ids)
+        self._owners, self._infos = None, {}  # rebuilt from the commit records, then in shard order
+        out = {"committed": 0, "returned": 0}
+        committed: list[str] = []
+        for directory in self._stale_claim_dirs(consumer_id, generation):
+            for name in sorted(visible(listdir(directory))):
+                sid = name[: -len(SUFFIX)]
+                if sid in covered and try_rename(directory / name, self.committed / name):
+                    committed.append(sid)
+                elif sid not in covered and try_rename(directory / name, self.ready / name):
+                    out["returned"] += 1
+        if committed:
+            infos = {sid: self._shard_info(sid) for sid in sorted(committed)}
+            self._write_commit_record(consumer_id, generation, infos)
+        out["committed"] = len(committed)
+        return out
+
+    def _stale_claim_dirs(self, consumer_id: str, generation: int) -> list[Path]:
+        me = safe_name(consumer_id)
+        out = []
+        for name in visible(listdir(self.claimed)):
+            who, _, gen = name.rpartition("@g")
+            if not gen.isdigit():
+                continue
+            if who == me or int(gen) < generation:
+                out.append(self.claimed / name)
+        return out
+
+    # =========================================================================== housekeeping
+    def _clean_tmp(self, names: Sequence[str]) -> int:
+        """Remove temporaries of dead writers: same host and pid gone, or unchanged for a lease."""
+        host = safe_name(socket.gethostname())
+        now = time.monotonic()
+        removed = 0
+        for name in names:
+            if not name.startswith(".tmp@"):
+                continue
+            _, pid, tmp_host, _rest = (name.split("@", 3) + ["", "", ""])[:4]
+            path = self.ready / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            seen = self._tmp_seen.get(name)
+            if seen is None or seen[0] != size:
+                self._tmp_seen[name] = (size, now)
+            dead = tmp_host == host and pid.isdigit() and not _pid_alive(int(pid))
+            if dead or (seen is not None and seen[0] == size and now - seen[1] > self.config.lease_s):
+                path.unlink(missing_ok=True)
+                self._tmp_seen.pop(name, None)
+                removed += 1
+        return removed
+
+    def stats(self) -> dict[str, int]:
+        """Counts by state: tasks, shards, trajectories (from shard ids), drops, temporaries."""
+        out = dict(self.tasks.counts())
+        ready_all = listdir(self.ready)
+        groups = {"ready": [n for n in visible(ready_all) if n.endswith(SUFFIX)],
+                  "claimed": [n for d in visible(listdir(self.claimed)) for n in visible(listdir(self.claimed / d))],
+                  "committed": visible(listdir(self.committed)),
+                  "quarantined": [n for n in visible(listdir(self.quarantine)) if n.endswith(SUFFIX)]}
+        for state, names in groups.items():
+            out[f"shards_{state}"] = len(names)
+            out[f"trajectories_{state}"] = sum(shard_count(n[: -len(SUFFIX)]) for n in names)
+        dup = sum(len(info.get("dropped", [])) for r in self._commit_records() for info in r.get("shards", {}).values())
+        out["trajectories_dropped_duplicate"] = dup
+        out["trajectories_dropped_other"] = sum(len(r.get("trajectories", [])) for r in self._drop_records())
+        out["tmp_files"] = sum(1 for n in ready_all if n.startswith(".tmp@"))
+        out["generation"] = self.current_generation()
+        out["corrupt_detected_here"] = self.corrupt_detected
+        return out
+
+    def _drop_records(self) -> Iterator[dict[str, Any]]:
+        for name in visible(listdir(self.dropped_dir)):
+            try:
+                yield json.loads((self.dropped_dir / name).read_bytes())
+            except (OSError, ValueError):
+                continue
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
