@@ -54,6 +54,16 @@ class SlurmConfig:
     job_name: str = knob("spoolrl", doc="Slurm job name", resumable=True)
     time_limit_min: int = knob(60, doc="wall-clock limit of the job in minutes", min=1, resumable=True)
     requeue: bool = knob(True, doc="requeue the job after preemption or the warning signal", resumable=True)
+    max_rollout_restarts: int = knob(
+        3, doc="times the batch script restarts a rollout step that ended (its leased tasks are reclaimed)", min=0,
+        resumable=True,
+    )
+    rollout_restart_delay_s: int = knob(10, doc="wait before restarting a rollout step", min=0, max=600,
+                                        resumable=True)
+    stop_grace_s: int = knob(
+        30, doc="when the job ends, seconds the remaining steps get to exit after SIGTERM (keeps a failed "
+        "train or infer group from holding the job for more than a minute)", min=1, max=50, resumable=True,
+    )
     train: GroupConfig = knob(factory=_train_default, doc="the training group (DeepSpeed ranks)")
     infer: GroupConfig = knob(factory=_infer_default, doc="the inference group (LLM servers)")
     rollout: GroupConfig = knob(factory=_rollout_default, doc="the rollout group (CPU sandboxes)")
@@ -64,6 +74,13 @@ class SlurmConfig:
             problems.append("train.nodes: the run needs at least 1 training node; set it to 1 or more")
         if self.infer.nodes < 1:
             problems.append("infer.nodes: the run needs at least 1 inference node; set it to 1 or more")
+        for role, group in (("train", self.train), ("infer", self.infer), ("rollout", self.rollout)):
+            for i, line in enumerate(group.sbatch_extra):
+                if not line.startswith("-") or "\n" in line:
+                    problems.append(f"{role}.sbatch_extra[{i}]: {line!r} must be one sbatch option such as "
+                                    "'--account=abc' (one line, starting with '-')")
+            if "\n" in group.container or "\n" in group.python:
+                problems.append(f"{role}: python and container must be single-line values")
         min_time = max(self.train.drain_s, self.infer.drain_s, self.rollout.drain_s) // 60 + 1
         if self.time_limit_min <= min_time:
             problems.append(

@@ -1,0 +1,202 @@
+"""Verbs that face Slurm: ``render``, ``launch``, ``status``, ``cancel``, ``resume``, ``scale``.
+
+Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
+touch nothing; ``launch`` creates the run directory (the one ``init`` code path), submits, prints
+the job id and the run path, and returns; nothing here waits for a job to finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing as tp
+from pathlib import Path
+
+from hpc.cli import add_config_args
+from hpc.cli_util import add_run_arg, print_json
+from hpc.errors import RunDirError, UsageError
+
+if tp.TYPE_CHECKING:
+    from hpc.config import RunConfig
+    from hpc.render import RenderedJob
+
+
+def split_run_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """RUN may come as ``--run DIR`` or as the one positional without '=' among the overrides."""
+    bare = [o for o in args.overrides if "=" not in o]
+    overrides = [o for o in args.overrides if "=" in o]
+    if len(bare) > 1 or (bare and args.run):
+        raise UsageError(f"more than one run directory given: {', '.join(bare + ([args.run] if args.run else []))}")
+    return (args.run or (bare[0] if bare else None)), overrides
+
+
+def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
+    from hpc.config import load_config
+
+    run, overrides = split_run_arg(args)
+    config = load_config(args.config, overrides)
+    run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
+    source = " ".join([args.config or "(built-in defaults)", *overrides])
+    return config, run_dir.absolute(), source
+
+
+def _render_jobs(config: RunConfig, run_dir: Path, source: str) -> list[RenderedJob]:
+    from hpc.render import render
+
+    return render(config, run_dir, source=source)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from hpc.render import joined_text
+
+    config, run_dir, source = _resolve(args)
+    jobs = _render_jobs(config, run_dir, source)
+    if args.output is None:
+        sys.stdout.write(joined_text(jobs))
+    else:
+        out = Path(args.output)
+        for job in jobs:
+            target = out if len(jobs) == 1 else out.with_name(f"{out.stem}-{job.name}{out.suffix}")
+            target.write_text(job.text)
+            print(target)
+    if not (run_dir / "run.yaml").exists():
+        print(f"note: {run_dir} holds no run yet; before sbatch: spoolrl init {run_dir} --config "
+              f"{args.config or 'run.yaml'}", file=sys.stderr)
+    return 0
+
+
+def _print_submitted(submitted: list[tp.Any], run_dir: Path) -> None:
+    for record, _job in submitted:
+        print(f"submitted job {record.job_id} ({record.name}: {', '.join(record.roles)})")
+    print(f"run: {run_dir}")
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from hpc.render import joined_text
+
+    config, run_dir, source = _resolve(args)
+    jobs = _render_jobs(config, run_dir, source)
+    if args.dry_run:
+        sys.stdout.write(joined_text(jobs))
+        return 0
+    from hpc.cli_run import init_run
+    from hpc.launch import submit
+
+    paths = init_run(str(run_dir), config)
+    _print_submitted(submit(paths, jobs, kind="launch"), paths.root)
+    return 0
+
+
+def _open(run: str) -> tuple[tp.Any, RunConfig]:
+    from hpc.rundir import open_run
+
+    return open_run(run)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from hpc.config import apply_overrides, config_from_dict, to_dict
+    from hpc.launch import active_jobs, submit
+    from hpc.render import render
+    from hpc.rundir import check_resume
+
+    paths, frozen = _open(args.run)
+    active = active_jobs(paths)
+    if active and not args.force:
+        ids = ", ".join(f"{r.job_id} ({state})" for r, state in active)
+        raise RunDirError(f"{paths.root} still has active jobs: {ids}; 'spoolrl cancel {paths.root}' first "
+                          "(or --force to add another job)")
+    config = config_from_dict(apply_overrides(to_dict(frozen), args.overrides)) if args.overrides else frozen
+    changed = check_resume(frozen, config)
+    jobs = render(config, paths.root, source=f"{paths.run_yaml} (resume) {' '.join(args.overrides)}".strip())
+    if args.dry_run:
+        from hpc.render import joined_text
+
+        sys.stdout.write(joined_text(jobs))
+        return 0
+    if changed:
+        print(f"resuming with changed (resumable) keys: {', '.join(changed)}")
+    _print_submitted(submit(paths, jobs, kind="resume"), paths.root)
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from hpc.launch import submit
+    from hpc.render import render_scale
+
+    if args.rollout_nodes < 1:
+        raise UsageError("--rollout-nodes must be at least 1")
+    paths, config = _open(args.run)
+    job = render_scale(config, paths.root, args.rollout_nodes, source=f"{paths.run_yaml} (scale)")
+    if args.dry_run:
+        sys.stdout.write(job.text)
+        return 0
+    _print_submitted(submit(paths, [job], kind="scale"), paths.root)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from hpc.launch import cancel_all
+
+    paths, _ = _open(args.run)
+    ids = cancel_all(paths)
+    print(f"cancelled: {', '.join(ids)}" if ids else "no active jobs")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hpc.status import format_status, run_status
+
+    if not (Path(args.run) / "run.yaml").exists():
+        raise RunDirError(f"{args.run} is not a spoolrl run directory (no run.yaml)")
+    status = run_status(args.run)
+    if args.json:
+        print_json(status)
+    else:
+        print(format_status(status))
+    return 0
+
+
+def register(sub: tp.Any) -> None:
+    p = sub.add_parser("render", help="write the sbatch script(s) of a run",
+                       description="Render the heterogeneous batch script (or one per role with "
+                       "slurm.mode: separate) from run.yaml. Pure: touches nothing but -o.")
+    add_config_args(p)
+    p.add_argument("--run", metavar="RUN", help="run directory (default ./runs/<run.name>); may also be "
+                   "given as a bare positional")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout "
+                   "(separate mode: FILE-<role>)")
+    p.set_defaults(func=_render)
+
+    p = sub.add_parser("launch", help="create the run directory and submit its job(s)",
+                       description="Create RUN (as 'spoolrl init' does), sbatch the rendered script(s), "
+                       "print the job id(s) and the run path, and return.")
+    add_config_args(p)
+    p.add_argument("--run", metavar="RUN", help="run directory (default ./runs/<run.name>)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted (= 'spoolrl render')")
+    p.set_defaults(func=_launch)
+
+    p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run")
+    add_run_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)")
+    add_run_arg(p)
+    p.set_defaults(func=_cancel)
+
+    p = sub.add_parser("resume", help="submit a new job on an existing run directory",
+                       description="Continue RUN from its latest checkpoint and the spool as it is. "
+                       "Overrides may change only resumable keys (sizing, time limits).")
+    add_run_arg(p)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="resumable overrides, e.g. slurm.rollout.nodes=4")
+    p.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    p.add_argument("--force", action="store_true", help="submit even if a job of this run is still active")
+    p.set_defaults(func=_resume)
+
+    p = sub.add_parser("scale", help="add a rollout-only job to a running run",
+                       description="Submit a job of N rollout nodes on RUN. Cancelling it loses nothing: "
+                       "its leased tasks go back to the queue.")
+    add_run_arg(p)
+    p.add_argument("--rollout-nodes", type=int, required=True, metavar="N")
+    p.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    p.set_defaults(func=_scale)

@@ -1,0 +1,153 @@
+"""``spoolrl status RUN``: one JSON document about a run, assembled from parts that may be missing.
+
+Guarantees:
+- Never raises for a missing or half-written piece (no job yet, no spool, no checkpoint, sacct
+  down): that part is ``null`` or empty and ``errors[part]`` says why.
+- Schema (``schema: 1``; fields are only ever added)::
+
+    {"schema": 1, "run": str, "time": float,
+     "jobs": [{"job_id": str, "name": str, "kind": "launch"|"resume"|"scale", "state": str,
+               "groups": [{"index": int, "role": str, "state": str}]}],
+     "spool": {...Spool.stats()...} | null,
+     "trainer": {"policy_version": int|null, "checkpoint": str|null, "step": int|null},
+     "endpoints": [{"file": str, "role": str|null, "url": str|null, "version": int|null,
+                    "heartbeat": int|null, "age_s": float}],
+     "failures": [metrics records: failed steps/jobs and kinds naming a failure or error; last 20],
+     "errors": {part: message}}
+
+  ``endpoints[].age_s`` is the age of the file's mtime on this host's clock: a hint for humans,
+  not a liveness test (liveness across nodes is the heartbeat counter changing).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import typing as tp
+from pathlib import Path
+
+from hpc.launch import query_states, read_records
+from hpc.paths import RunPaths
+
+SCHEMA = 1
+MAX_FAILURES = 20
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def jobs_part(paths: RunPaths) -> list[dict[str, tp.Any]]:
+    records = read_records(paths)
+    states = query_states([r.job_id for r in records])
+    out = []
+    for r in records:
+        group_states = states.get(r.job_id, [])
+        groups = [{"index": k, "role": role, "state": group_states[k] if k < len(group_states) else "UNKNOWN"}
+                  for k, role in enumerate(r.roles)]
+        out.append({"job_id": r.job_id, "name": r.name, "kind": r.kind,
+                    "state": group_states[0] if group_states else "UNKNOWN", "groups": groups})
+    return out
+
+
+def spool_part(paths: RunPaths) -> dict[str, tp.Any] | None:
+    if not paths.spool.is_dir():
+        return None
+    from hpc.spool import Spool  # the spool module is another engineer's; import late and tolerate it missing
+
+    return dict(Spool(paths.root).stats())
+
+
+def _as_int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def trainer_part(paths: RunPaths) -> dict[str, tp.Any]:
+    checkpoint = _read_text(paths.checkpoint_latest)
+    step = _as_int(checkpoint)
+    if step is None and checkpoint:
+        try:
+            meta = json.loads(checkpoint)
+            step = int(meta["step"]) if isinstance(meta, dict) and "step" in meta else None
+        except (ValueError, TypeError, KeyError):
+            step = _as_int("".join(ch for ch in checkpoint.split("/")[-1] if ch.isdigit()) or None)
+    return {"policy_version": _as_int(_read_text(paths.policy_latest)), "checkpoint": checkpoint, "step": step}
+
+
+def endpoints_part(paths: RunPaths, now: float) -> list[dict[str, tp.Any]]:
+    out = []
+    for path in sorted(paths.endpoints.glob("*.json")) if paths.endpoints.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            age = now - path.stat().st_mtime
+        except (OSError, ValueError):
+            continue  # being replaced right now
+        if not isinstance(data, dict):
+            continue
+        out.append({"file": path.name, "role": data.get("role"), "url": data.get("url"),
+                    "version": data.get("version"), "heartbeat": data.get("heartbeat"), "age_s": round(age, 1)})
+    return out
+
+
+def _is_failure(record: dict[str, tp.Any]) -> bool:
+    kind = str(record.get("kind", ""))
+    if kind in ("step_end", "job_end"):
+        return str(record.get("status", "0")) != "0"
+    return "fail" in kind or "error" in kind
+
+
+def failures_part(paths: RunPaths) -> list[dict[str, tp.Any]]:
+    from hpc.metrics import read_metrics
+
+    failures = [r for r in read_metrics(paths.root) if _is_failure(r)]
+    failures.sort(key=lambda r: float(r.get("t", 0)))
+    return failures[-MAX_FAILURES:]
+
+
+def run_status(run_dir: str | Path) -> dict[str, tp.Any]:
+    paths = RunPaths(Path(run_dir))
+    now = time.time()
+    status: dict[str, tp.Any] = {"schema": SCHEMA, "run": str(paths.root), "time": now, "jobs": [], "spool": None,
+                                 "trainer": {"policy_version": None, "checkpoint": None, "step": None},
+                                 "endpoints": [], "failures": [], "errors": {}}
+    parts: dict[str, tp.Callable[[], tp.Any]] = {
+        "jobs": lambda: jobs_part(paths), "spool": lambda: spool_part(paths), "trainer": lambda: trainer_part(paths),
+        "endpoints": lambda: endpoints_part(paths, now), "failures": lambda: failures_part(paths),
+    }
+    for name, build in parts.items():
+        try:
+            status[name] = build()
+        except Exception as exc:  # noqa: BLE001 - each part is best effort by contract
+            status["errors"][name] = f"{type(exc).__name__}: {exc}"
+    return status
+
+
+def format_status(status: dict[str, tp.Any]) -> str:
+    """The human-readable form of :func:`run_status`."""
+    lines = [f"run {status['run']}"]
+    for job in status["jobs"]:
+        groups = ", ".join(f"{g['role']} {g['state']}" for g in job["groups"])
+        lines.append(f"  job {job['job_id']} ({job['kind']}, {job['name']}): {job['state']}  [{groups}]")
+    if not status["jobs"]:
+        lines.append("  no jobs submitted (spoolrl launch / spoolrl resume)")
+    t = status["trainer"]
+    lines.append(f"  trainer: policy v{t['policy_version']}, checkpoint {t['checkpoint']}, step {t['step']}")
+    if status["spool"] is not None:
+        spool = status["spool"]
+        keys = [k for k in sorted(spool) if k.startswith(("tasks_", "trajectories_", "shards_"))] or sorted(spool)
+        lines.append("  spool: " + ", ".join(f"{k}={spool[k]}" for k in keys))
+    for e in status["endpoints"]:
+        lines.append(f"  endpoint {e['file']}: {e['role']} {e['url']} v{e['version']} "
+                     f"heartbeat {e['heartbeat']} ({e['age_s']}s ago)")
+    for f in status["failures"][-5:]:
+        detail = {k: v for k, v in f.items() if k not in ("t", "kind", "process")}
+        lines.append(f"  failure: {f.get('process')} {f.get('kind')} {detail}")
+    for part, msg in status["errors"].items():
+        lines.append(f"  ({part} unavailable: {msg})")
+    return "\n".join(lines)
