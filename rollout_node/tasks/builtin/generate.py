@@ -1,0 +1,92 @@
+"""Regenerate ``tasks.jsonl`` from ``spec.py`` and the packaged repositories (deterministic).
+
+Run ``python -m rollout_node.tasks.builtin.generate`` after editing a repository or a spec; add
+``--check`` to only verify that the committed file is up to date (exit 1 if not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from rollout_node.tasks.builtin import OWNER, REPOS_DIR, TASKS_JSONL
+from rollout_node.tasks.builtin.spec import SPECS, Edit, Spec
+from rollout_node.tasks.repos import ensure_mirror, run_git
+
+
+def apply_edits(root: Path, edits: tuple[Edit, ...]) -> None:
+    for rel, old, new in edits:
+        path = root / rel
+        text = path.read_text()
+        if old:
+            assert text.count(old) == 1, f"{rel}: edit anchor must occur exactly once: {old!r}"
+            text = text.replace(old, new)
+        else:
+            text += new
+        path.write_text(text)
+
+
+def diff_of(root: Path, edits: tuple[Edit, ...]) -> str:
+    """Apply edits to the checkout at ``root``, return the diff, and restore the checkout."""
+    apply_edits(root, edits)
+    out = run_git(["-C", root, "diff", "--no-color", "--no-ext-diff"]).stdout.decode()
+    run_git(["-C", root, "checkout", "-q", "--", "."])
+    return out
+
+
+def existing_tests(root: Path, edits: tuple[Edit, ...]) -> list[str]:
+    files = sorted({rel for rel, _, _ in edits})
+    return [f"{rel}::{name}" for rel in files for name in re.findall(r"^def (test_\w+)", (root / rel).read_text(), re.M)]
+
+
+def instance(spec: Spec, root: Path, commit: str) -> dict[str, object]:
+    repo = f"{OWNER}/{spec.repo}"
+    return {
+        "instance_id": f"{OWNER}__{spec.repo}-{spec.number}",
+        "repo": repo,
+        "base_commit": commit,
+        "problem_statement": spec.problem_statement,
+        "patch": diff_of(root, spec.fix),
+        "test_patch": diff_of(root, spec.tests),
+        "FAIL_TO_PASS": list(spec.fail_to_pass),
+        "PASS_TO_PASS": existing_tests(root, spec.tests),
+        "image": "",
+        "environment_setup_commit": commit,
+        "version": "0.1",
+        "test_cmd": "",
+        "log_parser": "pytest",
+    }
+
+
+def render() -> str:
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="spoolrl-gen-") as tmp:
+        for name in sorted({s.repo for s in SPECS}):
+            mirror, commit = ensure_mirror(Path(tmp) / "cache", f"{OWNER}/{name}", REPOS_DIR / name)
+            root = Path(tmp) / name
+            run_git(["clone", "-q", mirror, root])
+            for spec in sorted((s for s in SPECS if s.repo == name), key=lambda s: s.number):
+                lines.append(json.dumps(instance(spec, root, commit), sort_keys=False))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="only check that tasks.jsonl is up to date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        ok = TASKS_JSONL.exists() and TASKS_JSONL.read_text() == text
+        print("tasks.jsonl is up to date" if ok else "tasks.jsonl is stale: regenerate it", file=sys.stderr)
+        return 0 if ok else 1
+    TASKS_JSONL.write_text(text)
+    print(f"wrote {len(text.splitlines())} instances to {TASKS_JSONL}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""tinyformats: a tiny CSV reader and INI parser without dependencies."""

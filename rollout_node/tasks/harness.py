@@ -1,0 +1,272 @@
+"""EVAL: score an agent's final diff with the task's tests, tamper-proof.
+
+What :func:`evaluate` does, in order (every step on a fresh directory under ``scratch_dir``):
+
+1. Check out ``base_commit`` from the repo cache with a harness-owned git dir (outside the tree;
+   the agent's ``.git`` never takes part) and check that the test patch applies to it; if not, the
+   task is broken: ``harness_error``.
+2. Apply the agent's diff (tracked and new files, binary too): ``git apply``, then once more with
+   ``--recount --ignore-whitespace`` (hand-written diffs). A diff that does not apply scores 0
+   with status ``ok`` (it is the agent's fault, not the infrastructure's).
+3. Neutralise tampering: remove symlinks the agent added; delete agent-added ``conftest.py``,
+   pytest/tox/setup config files, ``*.pth``, ``sitecustomize``/``usercustomize``, bytecode,
+   ``*.dist-info``/``*.egg-info`` metadata (pytest plugin entry points) and top-level modules that
+   would shadow the standard library or the test runner; reset every file the test patch touches
+   and every base ``conftest.py``/config file to the base version (or delete it if new).
+4. Apply the test patch; run the tests in a FRESH sandbox whose ``/work`` is this tree. The default
+   runner is ``python3 -I -B`` (no user site, no PYTHON* variables, no bytecode written; agent-added
+   bytecode was deleted in step 3) with a cleared environment, ``-p no:cacheprovider``, plugin autoload off, and
+   ``-rA -v`` so the log parser (not the exit code) decides each test.
+5. Reward 1 only if every FAIL_TO_PASS and PASS_TO_PASS test PASSED.
+
+Statuses: ``ok`` (the reward is meaningful), ``timeout`` (the test run exceeded ``timeout_s``; tests
+not reported count as MISSING, reward 0), ``harness_error`` (an infrastructure fault: sandbox did not
+start, repo missing, broken task; the pipeline must exclude it from the loss, never score it 0).
+
+Not prevented: code under test runs in the test process and could subvert pytest from inside
+(monkeypatching its internals). The sandbox contains such code, and the gold/empty check of
+``spoolrl tasks check`` keeps honest tasks honest; detecting deliberate runner subversion needs
+a second, out-of-process opinion (future work).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from hpc.config import SandboxConfig
+from hpc.errors import SandboxError, SpoolrlError
+from rollout_node.tasks.instance import TaskInstance
+from rollout_node.tasks.parsers import outcomes_for
+from rollout_node.tasks.patches import patch_paths
+from rollout_node.tasks.repos import find_mirror, harness_git_dir, run_git
+
+PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+                             "sitecustomize.py", "usercustomize.py"})
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "sitecustomize",
+                            "usercustomize"})
+SHADOW_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
+EVAL_OUTPUT_KB = 4096
+LOG_EXCERPT_CHARS = 8000
+EVAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Runs inside the sandbox. pytest is imported BEFORE the tree joins sys.path, so the tree cannot
+# replace the runner; -I already dropped cwd, PYTHONPATH and user site-packages.
+RUNNER = ("import os, sys; import pytest; sys.path.insert(0, os.getcwd()); "
+          "sys.exit(pytest.main(['-rA', '-v', '-p', 'no:cacheprovider', '--color=no', '--tb=short', *sys.argv[1:]]))")
+
+
+class ExecResult(Protocol):
+    """What EVAL reads of ``Sandbox.exec``'s ToolResult."""
+
+    @property
+    def output(self) -> str: ...
+    @property
+    def timed_out(self) -> bool: ...
+
+
+class SandboxLike(Protocol):
+    def exec(self, argv: list[str], *, timeout_s: float | None) -> Any: ...
+
+
+Opener = Callable[..., AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The outcome of one evaluation; ``reward`` counts only when ``status`` is not ``harness_error``."""
+
+    instance_id: str
+    reward: float
+    status: str  # 'ok' | 'timeout' | 'harness_error'
+    outcomes: Mapping[str, str] = field(default_factory=dict)
+    diff_applied: bool = False
+    log: str = ""
+    duration_s: float = 0.0
+    error: str = ""
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        return self.status == "harness_error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "reward": self.reward, "status": self.status,
+                "outcomes": dict(self.outcomes), "diff_applied": self.diff_applied, "log": self.log,
+                "duration_s": round(self.duration_s, 3), "error": self.error}
+
+
+@dataclass(frozen=True)
+class _Tree:
+    root: Path
+    git: list[str]  # git args that address the harness-owned git dir and this tree
+
+
+def evaluate(task: TaskInstance, diff: str, *, sandbox_cfg: SandboxConfig, scratch_dir: Path, repo_cache: Path,
+             timeout_s: float = 600.0, eval_python: str = "python3", opener: Opener | None = None,
+             keep: bool = False) -> EvalResult:
+    """Score ``diff`` (the agent's final ``git diff``) on ``task``; never raises for agent behaviour."""
+    start = time.monotonic()
+    Path(scratch_dir).mkdir(parents=True, exist_ok=True)
+    evaldir = Path(tempfile.mkdtemp(prefix=f"eval-{task.instance_id}-", dir=scratch_dir))
+    try:
+        result = _evaluate_in(task, diff, evaldir, sandbox_cfg, repo_cache, timeout_s, eval_python, opener)
+    except (SpoolrlError, OSError) as exc:
+        result = EvalResult(task.instance_id, 0.0, "harness_error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        if not keep:
+            shutil.rmtree(evaldir, ignore_errors=True)
+    return replace(result, duration_s=time.monotonic() - start)
+
+
+def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: SandboxConfig, repo_cache: Path,
+                 timeout_s: float, eval_python: str, opener: Opener | None) -> EvalResult:
+    tree = _checkout(task, evaldir, repo_cache)
+    if not _apply(tree, task.test_patch, check_only=True):
+        raise SpoolrlError(f"{task.instance_id}: the test patch does not apply at base_commit; fix the task")
+    missing = {t: "MISSING" for t in task.tests}
+    if diff.strip() and not _apply(tree, diff):
+        return EvalResult(task.instance_id, 0.0, "ok", missing, False, "the agent's diff does not apply")
+    _neutralise(tree, task)
+    if not _apply(tree, task.test_patch):
+        return EvalResult(task.instance_id, 0.0, "ok", missing, True,
+                          "the test patch does not apply after the agent's changes")
+    argv = test_argv(task, tree.root, eval_python)
+    run = _run_in_sandbox(task, tree.root, argv, sandbox_cfg, timeout_s, opener)
+    outcomes = outcomes_for(task.tests, run.output, task.log_parser)
+    reward = 1.0 if all(v == "PASSED" for v in outcomes.values()) else 0.0
+    status = "timeout" if run.timed_out else "ok"
+    return EvalResult(task.instance_id, reward if status == "ok" else 0.0, status, outcomes, True,
+                      run.output[-LOG_EXCERPT_CHARS:])
+
+
+def _checkout(task: TaskInstance, evaldir: Path, repo_cache: Path) -> _Tree:
+    mirror = find_mirror(repo_cache, task.repo)
+    git_dir = harness_git_dir(evaldir, mirror, task.base_commit)
+    root = evaldir / "tree"
+    root.mkdir()
+    tree = _Tree(root, ["--git-dir", str(git_dir), "--work-tree", str(root)])
+    run_git([*tree.git, "reset", "-q", "--hard", task.base_commit], cwd=root)
+    return tree
+
+
+def _apply(tree: _Tree, patch: str, *, check_only: bool = False) -> bool:
+    """Apply ``patch`` to the work tree (not the index); False if it does not apply."""
+    data = patch.encode("utf-8", errors="surrogateescape")
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    extra = ["--check"] if check_only else []
+    for flags in (["--whitespace=nowarn"], ["--whitespace=nowarn", "--recount", "--ignore-whitespace"]):
+        if run_git([*tree.git, "apply", *flags, *extra, "-"], cwd=tree.root, input=data, check=False).returncode == 0:
+            return True
+    return False
+
+
+def _neutralise(tree: _Tree, task: TaskInstance) -> None:
+    """Undo every agent change that could influence how tests run or how results are reported."""
+    root = tree.root
+    base_files = set(_git_lines(tree, ["ls-files", "-z"]))
+    base_links = {line.split("\t", 1)[1] for line in _git_lines(tree, ["ls-files", "-s", "-z"])
+                  if line.startswith("120000 ")}
+    for path in _walk_links(root):
+        if path.relative_to(root).as_posix() not in base_links:
+            path.unlink()
+    for rel in _git_lines(tree, ["ls-files", "--others", "-z"]):
+        if _forbidden_new_file(root, rel):
+            (root / rel).unlink(missing_ok=True)
+    reset = set(patch_paths(task.test_patch)) | {p for p in base_files if Path(p).name in PROTECTED_NAMES}
+    for rel in sorted(reset):
+        _remove(root / rel)
+    restore = sorted(p for p in reset if p in base_files)
+    if restore:
+        run_git([*tree.git, "checkout", "-q", task.base_commit, "--", *restore], cwd=root)
+
+
+def _git_lines(tree: _Tree, args: list[str]) -> list[str]:
+    out = run_git([*tree.git, *args], cwd=tree.root).stdout.decode("utf-8", errors="surrogateescape")
+    return [p for p in out.split("\0") if p]
+
+
+def _walk_links(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):  # does not follow symlinked dirs
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                yield path
+
+
+def _forbidden_new_file(root: Path, rel: str) -> bool:
+    parts = Path(rel).parts
+    name = parts[-1]
+    if name in PROTECTED_NAMES or name.endswith((".pth", ".pyc", ".pyo")) or "__pycache__" in parts:
+        return True
+    if any(p.endswith((".dist-info", ".egg-info", ".egg-link")) for p in parts):
+        return True
+    return _shadows_module(root, Path(rel))
+
+
+def _shadows_module(root: Path, rel: Path) -> bool:
+    """A new top-level module (outside any package) named like a stdlib or test-runner module."""
+    if rel.name == "__init__.py":
+        module, parent = rel.parent.name, rel.parent.parent
+    elif rel.suffix in SHADOW_SUFFIXES:
+        module, parent = rel.name.split(".")[0], rel.parent
+    else:
+        return False
+    if (root / parent / "__init__.py").exists():
+        return False
+    return module in RUNNER_MODULES or module in sys.stdlib_module_names
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def test_files(task: TaskInstance, root: Path) -> list[str]:
+    """Files to hand to the test command: those named by the test ids, else those of the test patch."""
+    named = {t.split("::", 1)[0] for t in task.tests if "::" in t}
+    files = named or set(patch_paths(task.test_patch))
+    return sorted(f for f in files if (root / f).is_file())
+
+
+def test_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
+    """The command run inside the sandbox (cwd = the tree), with a cleared environment."""
+    env = ["env", "-i", f"PATH={EVAL_PATH}", "HOME=/tmp", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1",
+           "PYTHONHASHSEED=0"]
+    files = test_files(task, root)
+    if not task.test_cmd:
+        return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", RUNNER,
+                *files]
+    modules = [f[:-3].removeprefix("tests/").replace("/", ".") for f in files if f.endswith(".py")]
+    cmd = task.test_cmd
+    if "{test_files}" in cmd or "{test_modules}" in cmd:
+        cmd = cmd.replace("{test_files}", shlex.join(files)).replace("{test_modules}", shlex.join(modules))
+    else:
+        cmd = f"{cmd} {shlex.join(files)}"
+    return [*env, "bash", "-c", cmd]
+
+
+def _run_in_sandbox(task: TaskInstance, root: Path, argv: list[str], sandbox_cfg: SandboxConfig,
+                    timeout_s: float, opener: Opener | None) -> ExecResult:
+    if opener is None:
+        from rollout_node.sandbox import open_sandbox  # type: ignore[attr-defined,unused-ignore]
+        opener = open_sandbox
+    cfg = replace(sandbox_cfg, max_output_kb=max(sandbox_cfg.max_output_kb, EVAL_OUTPUT_KB))
+    try:
+        with opener(cfg, root, image=task.image or None) as sandbox:
+            result: ExecResult = sandbox.exec(argv, timeout_s=timeout_s)
+    except SandboxError:
+        raise
+    except OSError as exc:
+        raise SandboxError(f"the EVAL sandbox failed: {exc}") from exc
+    return result
