@@ -99,6 +99,7 @@ class Spool:
         self.tasks = TaskQueue(root / "tasks", self.heartbeat_dir, self.config.lease_s,
                                reap_interval_s=max(1.0, self.config.lease_s / 4))
         self._heartbeats: dict[str, Heartbeat] = {}
+        self._last_beat: dict[str, tuple[float, float]] = {}
         self._generation: dict[str, int] = {}
         self._owners: dict[str, str] | None = None  # task_id -> "writer session#attempt" that owns it
         self._poll_sig: tuple[int, ...] | None = None
@@ -115,7 +116,9 @@ class Spool:
     def claim_task(self, worker_id: str, lease_s: float | None = None) -> TaskLease | None:
         """Claim one ready task (None when none is ready); also reclaims leases of dead workers."""
         lease_s = float(lease_s or self.config.lease_s)
-        self.heartbeat(worker_id, lease_s=lease_s)
+        last = self._last_beat.get(worker_id)
+        if last is None or last[1] != lease_s or time.monotonic() - last[0] > self.config.heartbeat_interval_s / 2:
+            self.heartbeat(worker_id, lease_s=lease_s)  # claiming shows life; more often would only cost I/O
         lease = self.tasks.claim(worker_id, lease_s)
         if lease is None and self.tasks.maybe_reclaim():
             lease = self.tasks.claim(worker_id, lease_s)
@@ -134,7 +137,9 @@ class Spool:
         hb = self._heartbeats.get(worker_id)
         if hb is None:
             hb = self._heartbeats[worker_id] = Heartbeat(self.heartbeat_dir, worker_id)
-        hb.beat(float(lease_s or self.config.lease_s))
+        lease_s = float(lease_s or self.config.lease_s)
+        hb.beat(lease_s)
+        self._last_beat[worker_id] = (time.monotonic(), lease_s)
 
     def reclaim_expired(self) -> int:
         """Return the tasks of workers whose heartbeat stopped for a lease to ready; returns how many."""
