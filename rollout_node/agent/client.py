@@ -173,6 +173,17 @@ class InferenceClient:
             srv.model = None
         return srv.model
 
+    def max_model_len(self) -> int | None:
+        """The smallest ``max_model_len`` the live servers report in ``/v1/models`` (None if none says)."""
+        lengths = []
+        for url in self.endpoints.live():
+            try:
+                data = self._server(url).transport.request("GET", "/v1/models")
+                lengths.append(int(data["data"][0]["max_model_len"]))
+            except (TransientHTTPError, FatalHTTPError, KeyError, IndexError, TypeError, ValueError):
+                continue
+        return min(lengths) if lengths else None
+
     def complete(self, url: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         """One attempt against one server (raises Transient/FatalHTTPError or ProtocolError)."""
         srv = self._server(url)
