@@ -14,6 +14,10 @@ class TasksConfig:
                            resumable=True)
     epochs: int = knob(1, doc="passes over the task set", min=1, resumable=True)
     shuffle_seed: int = knob(0, doc="seed of the per-epoch shuffle")
+    eval_python: str = knob(
+        "python3", doc="python that runs pytest inside the EVAL sandbox (the image's; for runtime: local give "
+        "a host python with pytest, e.g. .venv/bin/python)", resumable=True,
+    )
 
 
 @section
