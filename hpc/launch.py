@@ -131,6 +131,7 @@ def read_records(paths: RunPaths) -> list[JobRecord]:
 def _append_record(paths: RunPaths, record: JobRecord) -> None:
     records = [*read_records(paths), record]
     text = json.dumps({"jobs": [asdict(r) for r in records]}, indent=1) + "\n"
+    paths.slurm.mkdir(parents=True, exist_ok=True)
     atomic_write_text(paths.slurm / "jobs.json", text)
 
 

@@ -101,12 +101,14 @@ def job_groups(config: RunConfig, roles: tuple[str, ...] = ("train", "infer", "r
     return [Group(role=r, index=i, cfg=sizing[r]) for i, r in enumerate(chosen)]
 
 
-def _job_options(config: RunConfig, paths: RunPaths, log_name: str) -> list[str]:
+def _job_options(config: RunConfig, paths: RunPaths, name: str) -> list[str]:
     slurm = config.slurm
+    job_name = slurm.job_name if name == "het" else f"{slurm.job_name}-{name}"
+    log_name = "slurm" if name == "het" else f"slurm-{name}"
     # In Slurm file names '%' starts a pattern (%j): a literal one in the run path is doubled.
     log = sbatch_quote(str(paths.logs).replace("%", "%%") + f"/{log_name}-%j.out")
     return [
-        f"--job-name={sbatch_quote(slurm.job_name)}",
+        f"--job-name={sbatch_quote(job_name)}",
         f"--time={slurm.time_limit_min}",
         f"--output={log}",
         "--open-mode=append",
@@ -192,12 +194,11 @@ def render_script(config: RunConfig, run_dir: str | Path, groups: list[Group], *
     assert groups, "a job needs at least one group"
     paths = RunPaths(Path(run_dir))
     het = len(groups) > 1
-    log_name = "slurm" if name == "het" else f"slurm-{name}"
     kind = "heterogeneous Slurm job" if het else f"Slurm job ({name} only)"
     roles = [g.role for g in groups]
     values = {
         "header": _header(groups, paths, source, kind),
-        "sbatch_groups": render_groups(groups, _job_options(config, paths, log_name)),
+        "sbatch_groups": render_groups(groups, _job_options(config, paths, name)),
         "run_dir": shell_quote(paths.root),
         "roles": " ".join(roles),
         "critical": " ".join(r for r in roles if r in CRITICAL_ROLES),
