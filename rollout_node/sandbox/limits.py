@@ -1,0 +1,229 @@
+"""Per-sandbox limits without cgroups: rlimits set inside the sandbox plus a watchdog thread.
+
+Guarantees:
+- Every sandbox process gets ``oom_score_adj = 1000`` (set before exec, inherited), so under
+  memory pressure the kernel kills sandbox processes before the node process.
+- rlimits (CPU seconds, address space, file size, processes) are set by the first shell inside
+  the sandbox (``ulimit`` soft = hard, so the agent cannot raise them). Inside a user namespace
+  (bwrap, apptainer) the kernel counts RLIMIT_NPROC per (user namespace, uid), i.e. per sandbox,
+  not per node user; the local runtime gets no process limit from rlimits (it would count every
+  process of the uid) and relies on the watchdog alone.
+- One watchdog thread per node process scans /proc every ``interval_s`` (0.2 s), sums the
+  resident anonymous memory and counts the processes of each registered sandbox's process tree,
+  and kills a tree that exceeds ``mem_bytes`` or ``max_procs``; the owner learns why through
+  :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed.
+- :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from hpc.config.sandbox import SandboxConfig
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+NPROC_HEADROOM = 8  # RLIMIT_NPROC sits a little above max_procs so that the watchdog sees the offence
+
+
+@dataclass(frozen=True)
+class Limits:
+    mem_bytes: int
+    cpu_time_s: int
+    max_procs: int
+    max_file_bytes: int
+    tmp_bytes: int
+
+    @classmethod
+    def from_config(cls, cfg: SandboxConfig) -> Limits:
+        mem = int(cfg.mem_gb * 2**30)
+        return cls(mem_bytes=mem, cpu_time_s=cfg.cpu_time_s, max_procs=cfg.max_procs,
+                   max_file_bytes=cfg.max_file_mb * 2**20, tmp_bytes=int(cfg.tmp_mb * 2**20))
+
+    def ulimit_script(self, *, nproc: bool) -> str:
+        """bash ``ulimit`` commands (soft = hard) to run first inside the sandbox."""
+        parts = [f"-t {self.cpu_time_s}", f"-v {self.mem_bytes // 1024}", f"-f {self.max_file_bytes // 512}"]
+        if nproc:
+            parts.append(f"-u {self.max_procs + NPROC_HEADROOM}")
+        return " && ".join(f"ulimit {p}" for p in parts)
+
+
+def sandbox_preexec() -> None:
+    """Runs in the forked child before the runtime is exec'ed (must not allocate much or raise)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- process table
+
+def _ppid_table() -> dict[int, int]:
+    """pid -> ppid for every process visible in /proc (one read of /proc/PID/stat each)."""
+    table: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # comm may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        table[int(name)] = int(fields[1])
+    return table
+
+
+def descendants(roots: Iterable[int], table: dict[int, int] | None = None) -> list[int]:
+    """The roots that still exist and all their descendants (parents before children)."""
+    table = _ppid_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out = [r for r in roots if r in table]
+    i = 0
+    while i < len(out):
+        out.extend(children.get(out[i], ()))
+        i += 1
+    return out
+
+
+def anon_rss(pid: int) -> int:
+    """Resident memory minus file-backed/shared pages (bytes); 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            fields = f.read().split()
+        return max(0, int(fields[1]) - int(fields[2])) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def kill_tree(roots: Iterable[int], *, rounds: int = 50) -> None:
+    """SIGKILL every process of the trees under ``roots`` until none is left (bounded rounds)."""
+    roots = list(roots)
+    for _ in range(rounds):
+        pids = descendants(roots)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        # the roots are reaped by their owners (Popen/ptyprocess); a zombie counts as gone
+        pids = [p for p in descendants(roots) if not _is_zombie(p)]
+        if not pids:
+            return
+        time.sleep(0.01)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2:][:1] == b"Z"
+    except OSError:
+        return True
+
+
+# ---------------------------------------------------------------- watchdog
+
+@dataclass
+class _Watched:
+    roots: set[int]
+    limits: Limits
+    on_kill: Callable[[str], None] | None
+    verdict: str = ""
+    peak_mem: int = 0
+    peak_procs: int = 0
+
+
+class Watchdog:
+    """One background thread per process that polices every registered sandbox's process tree."""
+
+    _instance: Watchdog | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._watched: dict[str, _Watched] = {}
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def shared(cls) -> Watchdog:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def register(self, key: str, limits: Limits, on_kill: Callable[[str], None] | None = None) -> None:
+        with self._lock:
+            self._watched[key] = _Watched(set(), limits, on_kill)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="sandbox-watchdog", daemon=True)
+                self._thread.start()
+
+    def add_root(self, key: str, pid: int) -> None:
+        with self._lock:
+            self._watched[key].roots.add(pid)
+
+    def remove_root(self, key: str, pid: int) -> None:
+        with self._lock:
+            if key in self._watched:
+                self._watched[key].roots.discard(pid)
+
+    def unregister(self, key: str) -> None:
+        with self._lock:
+            self._watched.pop(key, None)
+
+    def verdict(self, key: str, *, clear: bool = True) -> str:
+        """Why the watchdog last killed this sandbox ('' if it did not); cleared by reading."""
+        with self._lock:
+            w = self._watched.get(key)
+            if w is None:
+                return ""
+            text = w.verdict
+            if clear:
+                w.verdict = ""
+            return text
+
+    def peaks(self, key: str) -> tuple[int, int]:
+        with self._lock:
+            w = self._watched.get(key)
+            return (w.peak_mem, w.peak_procs) if w else (0, 0)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            with self._lock:
+                if not self._watched:
+                    self._thread = None
+                    return
+                items = [(k, w, list(w.roots)) for k, w in self._watched.items() if w.roots]
+            if items:
+                self.check_once(items)
+
+    def check_once(self, items: list[tuple[str, _Watched, list[int]]]) -> None:
+        table = _ppid_table()
+        for _key, w, roots in items:
+            pids = descendants(roots, table)
+            mem = sum(anon_rss(p) for p in pids)
+            w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, len(pids))
+            why = ""
+            if len(pids) >= w.limits.max_procs:
+                why = f"{len(pids)} processes >= max_procs {w.limits.max_procs}"
+            elif mem > w.limits.mem_bytes:
+                why = f"memory {mem / 2**20:.0f} MiB > limit {w.limits.mem_bytes / 2**20:.0f} MiB"
+            if why:
+                kill_tree(roots)
+                with self._lock:
+                    w.verdict = f"sandbox killed by the watchdog: {why}"
+                if w.on_kill:
+                    w.on_kill(w.verdict)

@@ -1,0 +1,226 @@
+"""The agent's bash: one persistent interactive shell driven through a pseudo-terminal.
+
+Who holds the PTY: the node does. The node opens the PTY (ptyprocess) and starts the sandbox
+runtime on its slave side; bash inside the sandbox inherits it as its controlling terminal.
+The alternative - a helper process inside the sandbox that owns the PTY and talks to the node
+over a Unix socket - was measured with ``scripts/bench_tools.py --pty-holder`` (same commands,
+same machine): it adds a python start (~15-25 ms) to every sandbox's cold start, because the
+helper must be running before bash, and one extra socket hop plus a python select loop to
+every action, and it needs python in the image even for bash-only tasks. Holding the PTY on the
+node keeps cold start at bwrap + bash and action latency at the cost of the command itself;
+respawning a dead shell costs a new sandbox (tens of ms), which is rare.
+
+Completion: bash runs with ``--norc --noprofile --noediting -i`` (no readline, so no echo or
+bracketed-paste noise), the terminal has ECHO and ONLCR off, PS1/PS2 are empty and
+``PROMPT_COMMAND`` prints ``\\x1e<nonce>:<status>\\x1e`` before each prompt. The nonce is random
+per shell, so program output cannot produce the marker by accident. Each command is sent as one
+``{ ...\\n}`` group so a multi-line command yields exactly one marker.
+
+Guarantees of :meth:`PtyShell.run` (never raises for anything the command does):
+- past ``timeout_s`` the foreground job gets Ctrl-C; if no prompt comes back within
+  ``GRACE_S`` the whole sandbox is killed and a new one started (exit_code None);
+- output beyond ``keep`` bytes is cut to head + tail with the total byte count; while output is
+  being truncated the reader slows down, so a flood blocks its writer instead of a CPU;
+- a shell that exits or is killed is detected (EOF on the PTY) and respawned; the result says so;
+- cwd and environment persist between calls of one shell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import termios
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ptyprocess  # type: ignore[import-untyped]
+
+from hpc.errors import SandboxError
+from rollout_node.sandbox.limits import kill_tree, sandbox_preexec
+from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
+
+BASH_ARGS = ["bash", "--norc", "--noprofile", "--noediting", "-i"]
+GRACE_S = 2.0          # after Ctrl-C, how long the job may take to give the prompt back
+SPAWN_TIMEOUT_S = 30.0
+READ_CHUNK = 1 << 20
+FLOOD_PAUSE_S = 0.005  # pause between reads once output is being truncated (back-pressure)
+
+
+@dataclass(frozen=True)
+class ShellLaunch:
+    """How to start the sandboxed shell: the argv (runtime + boot script), env and cwd of the launcher."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+class ShellDied(Exception):
+    pass
+
+
+def marker_env(nonce: str) -> dict[str, str]:
+    """Variables that make the interactive bash print the completion marker and nothing else."""
+    # bash ignores PS1/PS2 from the environment of an interactive shell, so PROMPT_COMMAND (which
+    # it does take, and runs before each prompt) clears them after printing the status of $?.
+    return {"PROMPT_COMMAND": f'printf "\\036{nonce}:%s\\036" $?; PS1=; PS2=; PS0='}
+
+
+def _pty_preexec() -> None:
+    sandbox_preexec()
+    attrs = termios.tcgetattr(0)
+    attrs[1] &= ~termios.ONLCR          # oflag: keep "\n" as is
+    attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of what the node types
+    termios.tcsetattr(0, termios.TCSANOW, attrs)
+
+
+class PtyShell:
+    """A persistent bash in a sandbox. ``launch(nonce)`` builds how to start it (called on every spawn)."""
+
+    def __init__(self, launch: Callable[[str], ShellLaunch], *, keep: int,
+                 on_spawn: Callable[[int], None] | None = None, on_death: Callable[[int], None] | None = None,
+                 dimensions: tuple[int, int] = (50, 200)) -> None:
+        self._launch, self.keep, self._dims = launch, keep, dimensions
+        self._on_spawn, self._on_death = on_spawn, on_death
+        self.proc: ptyprocess.PtyProcess | None = None
+        self.spawns = 0
+        self._carry = b""
+
+    # -------------------------------------------------------------- lifecycle
+    def spawn(self) -> float:
+        """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError."""
+        t0 = time.monotonic()
+        nonce = secrets.token_hex(8)
+        self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d+)\x1e")
+        launch = self._launch(nonce)
+        try:
+            self.proc = ptyprocess.PtyProcess.spawn(launch.argv, env=launch.env, cwd=launch.cwd,
+                                                    dimensions=self._dims, preexec_fn=_pty_preexec)
+        except OSError as exc:
+            raise SandboxError(f"could not start the sandbox shell ({launch.argv[0]}): {exc}") from exc
+        self.spawns += 1
+        if self._on_spawn:
+            self._on_spawn(self.proc.pid)
+        buf = HeadTail(4096)
+        try:
+            self._read_until_marker(buf, t0 + SPAWN_TIMEOUT_S)
+        except (ShellDied, TimeoutError) as exc:
+            self.kill()
+            raise SandboxError(f"the sandbox shell did not start: {buf.text().strip()[-2000:]!r}") from exc
+        return time.monotonic() - t0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.isalive()
+
+    def kill(self) -> int | None:
+        """Kill the sandbox's whole process tree; returns the launcher's exit status if known."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        kill_tree([proc.pid])
+        status = self._reap(proc)
+        try:
+            os.close(proc.fd)
+        except OSError:
+            pass
+        proc.closed = True
+        if self._on_death:
+            self._on_death(proc.pid)
+        return status
+
+    @staticmethod
+    def _reap(proc: ptyprocess.PtyProcess) -> int | None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                if not proc.isalive():
+                    break
+            except ptyprocess.PtyProcessError:
+                break
+            time.sleep(0.005)
+        if proc.exitstatus is not None:
+            return int(proc.exitstatus)
+        return 128 + int(proc.signalstatus) if proc.signalstatus is not None else None
+
+    # -------------------------------------------------------------- commands
+    def run(self, command: str, timeout_s: float, why_dead: Callable[[], str] = lambda: "") -> ToolResult:
+        t0 = time.monotonic()
+        buf = HeadTail(self.keep)
+        note = ""
+        if self.proc is None:
+            self.spawn()
+            note = "the shell had died; a new one was started (cwd and environment were reset)"
+        assert self.proc is not None
+        try:
+            os.write(self.proc.fd, b"{ " + command.encode() + b"\n}\n")
+            status = self._read_until_marker(buf, t0 + timeout_s)
+            return make_result(buf, status, time.monotonic() - t0, note=note)
+        except TimeoutError:
+            return self._interrupt(buf, t0, note)
+        except (ShellDied, OSError):
+            return self._died(buf, t0, why_dead())
+
+    def _interrupt(self, buf: HeadTail, t0: float, note: str) -> ToolResult:
+        assert self.proc is not None
+        try:
+            os.write(self.proc.fd, b"\x03")
+            status: int | None = self._read_until_marker(buf, time.monotonic() + GRACE_S)
+        except (TimeoutError, ShellDied, OSError):
+            self.kill()
+            self.spawn()
+            status = None
+            note = "the command ignored Ctrl-C: the sandbox was killed and a new shell started (state reset)"
+        return make_result(buf, status, time.monotonic() - t0, timed_out=True, note=note)
+
+    def _died(self, buf: HeadTail, t0: float, why: str) -> ToolResult:
+        status = self.kill()
+        if why:
+            status = None
+        try:
+            self.spawn()
+            note = (why + "; " if why else f"the shell exited (status {status}); ") + \
+                "a new shell was started (cwd, environment and /tmp were reset)"
+        except SandboxError as exc:
+            note = f"the shell exited and could not be restarted: {exc}"
+        return make_result(buf, status, time.monotonic() - t0, note=note)
+
+    def _read_until_marker(self, buf: HeadTail, deadline: float) -> int:
+        assert self.proc is not None
+        fd = self.proc.fd
+        pending = self._carry
+        self._carry = b""
+        while True:
+            m = self._marker.search(pending)
+            if m:
+                buf.add(pending[: m.start()])
+                self._carry = pending[m.end():]
+                return int(m.group(1))
+            # everything but a possible marker prefix is output
+            cut = max(0, len(pending) - 40)
+            if cut:
+                buf.add(pending[:cut])
+                pending = pending[cut:]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                buf.add(pending)
+                raise TimeoutError
+            if buf.total > 2 * self.keep:
+                time.sleep(FLOOD_PAUSE_S)
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                continue
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except OSError as exc:  # EIO: every slave end is closed (the shell is gone)
+                buf.add(pending)
+                raise ShellDied() from exc
+            if not chunk:
+                buf.add(pending)
+                raise ShellDied()
+            pending += chunk
