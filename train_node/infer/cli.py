@@ -1,0 +1,85 @@
+"""Verbs of the inference role: ``serve``, ``tiny-model``, ``infer-node``.
+
+Imports stay light at module level (no torch): handlers import what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hpc.cli_util import add_run_arg, print_json
+
+
+def register(sub: Any) -> None:
+    _register_serve(sub)
+    _register_tiny(sub)
+    _register_node(sub)
+
+
+def _register_serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model with the lightweight CPU engine (vLLM's /v1/completions subset)",
+        description="Serve an HF checkpoint dir over HTTP with the transformers CPU engine: token-ID prompts in, "
+        "token IDs + raw logprobs + weight-version spans out. /health is 503 until the model is loaded.")
+    p.add_argument("--model", required=True, metavar="DIR", help="HF checkpoint directory (safetensors + tokenizer)")
+    p.add_argument("--port", type=int, default=0, help="TCP port (0 = any free port; see --ready-file)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--uds", metavar="PATH", help="listen on this Unix socket instead of TCP")
+    p.add_argument("--version", type=int, default=0, help="policy version of the initial weights")
+    p.add_argument("--served-model-name", default="policy", help="model name in requests/responses")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--max-batch", type=int, default=32, help="most sequences decoded together")
+    p.add_argument("--secret-file", metavar="FILE", help="bearer secret for /reload (else $SPOOLRL_SECRET)")
+    p.add_argument("--require-auth-all", action="store_true", help="require the secret on every route but /health")
+    p.add_argument("--ready-file", metavar="FILE", help="written (JSON: url, pid) once the model is loaded")
+    p.set_defaults(func=_serve)
+
+
+def _register_tiny(sub: Any) -> None:
+    p = sub.add_parser(
+        "tiny-model", help="build a tiny random Qwen2 + locally trained BPE tokenizer (HF format)",
+        description="Build a tiny causal LM from config (random init from --seed, untied embeddings) and a "
+        "byte-level BPE tokenizer trained on this interpreter's stdlib sources. Nothing is downloaded. "
+        "Builds are cached under $SPOOLRL_CACHE (default ~/.cache/spoolrl).")
+    p.add_argument("dir", metavar="DIR", help="output directory (created; must be new or empty)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (same seed = identical weights)")
+    p.add_argument("--vocab-size", type=int, default=4000, help="BPE vocabulary size")
+    p.set_defaults(func=_tiny)
+
+
+def _register_node(sub: Any) -> None:
+    p = sub.add_parser(
+        "infer-node", help="run this node's inference servers for a run (what the infer het group runs)",
+        description="Start the node's LLM servers (CPU engines or vLLM sized by tensor parallelism), advertise them "
+        "in RUN/endpoints/, reload them live when RUN/policy/LATEST changes, restart dead ones; SIGTERM stops.")
+    add_run_arg(p)
+    p.add_argument("--index", type=int, default=None, help="node index in the group (default: $SLURM_NODEID or 0)")
+    p.set_defaults(func=_node)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from train_node.infer.serve_main import ServeArgs, run_serve
+
+    return run_serve(ServeArgs(
+        model=args.model, port=args.port, host=args.host, uds=args.uds, version=args.version,
+        served_model_name=args.served_model_name, dtype=args.dtype, threads=args.threads,
+        max_batch=args.max_batch, secret_file=args.secret_file, require_auth_all=args.require_auth_all,
+        ready_file=args.ready_file))
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    from train_node.infer.tiny_model import MARKER, build_tiny_model
+
+    out = build_tiny_model(args.dir, seed=args.seed, vocab_size=args.vocab_size)
+    info = json.loads((out / MARKER).read_text())
+    print_json({"dir": str(out), "params": info["params"], **info["spec"]})
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    from train_node.infer.node import run_infer_node
+
+    return run_infer_node(args.run, node_index=args.index)

@@ -1,0 +1,353 @@
+"""The lightweight CPU engine: a transformers causal LM behind a continuous-batching scheduler.
+
+Guarantees:
+- One scheduler thread owns the model. Every decode step runs all active sequences in ONE
+  forward pass (left-padded KV cache); new sequences join between steps, finished ones leave.
+- Logprobs are RAW: log_softmax of the unscaled logits at the sampled token, computed from the
+  same logits the token was sampled from (temperature/top-p/top-k only shape the sampler).
+- Weights change only between decode steps. A staged model is swapped in before the next token
+  is sampled, and the KV cache of every running sequence is recomputed with the new weights, so
+  each generated token comes entirely from the weights of the version its span names (a stale
+  cache would mix versions, vLLM's prefix-cache pitfall). A model is staged only after it loaded
+  completely; a failed load leaves the serving model untouched.
+- With a ``seed``, a sequence samples from its own torch.Generator, so results do not depend on
+  what else is in the batch (up to fp rounding of batched matmuls, ~1e-6 in fp32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train_node.infer.protocol import ChoiceResult, SamplingParams
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A fully loaded model and the policy version it represents."""
+
+    model: Any
+    version: int
+    path: str
+    eos_ids: frozenset[int]
+
+
+def load_model(path: str | Path, version: int, dtype: str = "float32") -> LoadedModel:
+    """Load an HF checkpoint dir completely (raises on any problem; nothing is swapped then)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per reload would swamp the server log
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    model.eval()
+    eos = model.config.eos_token_id
+    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return LoadedModel(model=model, version=version, path=str(path), eos_ids=eos_ids)
+
+
+class Sequence:
+    """One choice being generated; ``done`` is set when it finished (or failed: ``error``)."""
+
+    def __init__(self, prompt: tuple[int, ...], params: SamplingParams) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[dict[int, float]] = []
+        self.spans: list[list[int]] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+
+    def result(self) -> ChoiceResult:
+        assert self.finish_reason is not None
+        return ChoiceResult(self.prompt, self.token_ids, self.logprobs, self.top, self.spans,
+                            self.finish_reason, self.stop_reason)
+
+    def append(self, token: int, logprob: float, top: dict[int, float], version: int) -> None:
+        i = len(self.token_ids)
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.top.append(top)
+        if self.spans and self.spans[-1][0] == version:
+            self.spans[-1][2] = i + 1
+        else:
+            self.spans.append([version, i, i + 1])
+
+
+# --- KV cache plumbing (the only code that knows transformers' cache layout) -------------------
+
+def _kv_of(cache: Any) -> KV:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def _cache_from(kv: KV, config: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        cache = DynamicCache(config=config)
+    except TypeError:
+        cache = DynamicCache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    if width == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = width
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _Batch:
+    """The running sequences: a left-padded KV cache, its mask, next positions, last logits."""
+
+    def __init__(self) -> None:
+        self.rows: list[Sequence] = []
+        self.kv: Any = None  # a transformers Cache
+        self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.next_pos = torch.zeros(0, dtype=torch.long)
+        self.logits = torch.zeros(0, 0)
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def merge(self, other: _Batch, config: Any) -> None:
+        """Append ``other``'s rows, left-padding whichever cache is shorter."""
+        if not self.rows:
+            self.rows, self.kv, self.mask = other.rows, other.kv, other.mask
+            self.next_pos, self.logits = other.next_pos, other.logits
+            return
+        la, lb = self.mask.shape[1], other.mask.shape[1]
+        length = max(la, lb)
+        kv = [(torch.cat([_left_pad(ka, length - la, 2), _left_pad(kb, length - lb, 2)]),
+               torch.cat([_left_pad(va, length - la, 2), _left_pad(vb, length - lb, 2)]))
+              for (ka, va), (kb, vb) in zip(_kv_of(self.kv), _kv_of(other.kv), strict=True)]
+        self.kv = _cache_from(kv, config)
+        self.mask = torch.cat([_left_pad(self.mask, length - la, 1), _left_pad(other.mask, length - lb, 1)])
+        self.rows = self.rows + other.rows
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.logits = torch.cat([self.logits, other.logits])
+
+    def keep(self, keep: list[int], config: Any) -> None:
+        """Keep only rows ``keep`` and drop the left columns that are padding in every row."""
+        if not keep:
+            self.clear()
+            return
+        idx = torch.tensor(keep)
+        mask = self.mask[idx]
+        real_cols = mask.any(dim=0).nonzero()
+        cut = int(real_cols[0]) if len(real_cols) else 0
+        self.kv = _cache_from([(k[idx, :, cut:], v[idx, :, cut:]) for k, v in _kv_of(self.kv)], config)
+        self.mask = mask[:, cut:]
+        self.rows = [self.rows[i] for i in keep]
+        self.next_pos = self.next_pos[idx]
+        self.logits = self.logits[idx]
+
+
+class Engine:
+    """Continuous batching over one model. Thread-safe entry points: submit, swap, close."""
+
+    def __init__(self, loaded: LoadedModel, *, max_batch: int = 32, max_model_len: int | None = None) -> None:
+        self._loaded = loaded
+        self._max_batch = max_batch
+        cfg_len = getattr(loaded.model.config, "max_position_embeddings", None) or 2048
+        self.max_model_len = min(max_model_len or cfg_len, cfg_len)
+        self._cache_kw = "cache" if "cache" in inspect.signature(loaded.model.forward).parameters \
+            else "past_key_values"
+        self._pending: queue.Queue[Sequence] = queue.Queue()
+        self._staged: tuple[LoadedModel, threading.Event] | None = None
+        self._wake = threading.Condition()
+        self._batch = _Batch()
+        self._closed = False
+        self.on_step: Callable[[], None] | None = None  # test hook: called between decode steps
+        self._thread = threading.Thread(target=self._loop, name="spoolrl-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return self._loaded.version
+
+    @property
+    def path(self) -> str:
+        return self._loaded.path
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue sequences; each one's ``done`` event fires when it finished or failed."""
+        for seq in seqs:
+            self._pending.put(seq)
+        with self._wake:
+            self._wake.notify()
+
+    def swap(self, loaded: LoadedModel, timeout_s: float | None = None) -> bool:
+        """Stage a fully loaded model; returns once it serves (True) or on timeout (False)."""
+        applied = threading.Event()
+        with self._wake:
+            self._staged = (loaded, applied)
+            self._wake.notify()
+        return applied.wait(timeout_s)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # --- the scheduler thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._closed or self._staged or self._batch.rows or not self._pending.empty()):
+                    self._wake.wait()
+                if self._closed:
+                    break
+            try:
+                self._step()
+            except Exception as exc:  # never let one bad batch kill the server
+                self._fail_all(f"engine error: {type(exc).__name__}: {exc}")
+        self._fail_all("server shutting down")
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        self._apply_staged()
+        self._admit()
+        if not self._batch.rows:
+            return
+        finished = self._sample()
+        if finished:
+            keep = [i for i in range(len(self._batch.rows)) if i not in finished]
+            self._batch.keep(keep, self._loaded.model.config)
+        if self._batch.rows:
+            self._decode()
+        if self.on_step is not None:
+            self.on_step()
+
+    def _apply_staged(self) -> None:
+        with self._wake:
+            staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        self._loaded = staged[0]
+        rows, self._batch = self._batch.rows, _Batch()
+        if rows:  # recompute every running sequence's KV with the new weights
+            self._batch.merge(self._prefill(rows), self._loaded.model.config)
+        staged[1].set()
+
+    def _admit(self) -> None:
+        new: list[Sequence] = []
+        while len(self._batch.rows) + len(new) < self._max_batch:
+            try:
+                new.append(self._pending.get_nowait())
+            except queue.Empty:
+                break
+        if new:
+            self._batch.merge(self._prefill(new), self._loaded.model.config)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self._loaded.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                                 logits_to_keep=1, **{self._cache_kw: cache})
+        return out.logits[:, -1].float()
+
+    def _prefill(self, rows: list[Sequence]) -> _Batch:
+        """Forward prompt + generated-so-far of ``rows`` (left-padded) into a fresh batch."""
+        seqs = [list(r.prompt) + r.token_ids for r in rows]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = _cache_from([], self._loaded.model.config)
+        batch = _Batch()
+        batch.logits = self._forward(ids, mask, pos, cache)
+        # zero the pad positions' K/V so later merges never carry garbage (they stay masked out)
+        pad = (mask == 0)[:, None, :, None]
+        batch.kv = _cache_from([(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in _kv_of(cache)],
+                               self._loaded.model.config)
+        batch.rows, batch.mask = rows, mask
+        batch.next_pos = mask.sum(1)
+        return batch
+
+    def _decode(self) -> None:
+        b = self._batch
+        ids = torch.tensor([[r.token_ids[-1]] for r in b.rows])
+        b.mask = torch.cat([b.mask, torch.ones(len(b.rows), 1, dtype=b.mask.dtype)], dim=1)
+        b.logits = self._forward(ids, b.mask, b.next_pos[:, None], b.kv)
+        b.next_pos = b.next_pos + 1
+
+    def _sample(self) -> set[int]:
+        """Sample one token for every row; returns the indices of rows that finished."""
+        b = self._batch
+        raw = torch.log_softmax(b.logits, dim=-1)
+        finished = set()
+        for i, row in enumerate(b.rows):
+            token = _sample_one(b.logits[i], row, self._loaded.eos_ids)
+            k = row.params.logprobs or 0
+            top = {}
+            if k:
+                vals, idx = raw[i].topk(k)
+                top = {int(t): float(v) for t, v in zip(idx, vals, strict=True)}
+            top[token] = float(raw[i, token])
+            row.append(token, float(raw[i, token]), top, self._loaded.version)
+            if self._finish(row, token):
+                finished.add(i)
+                row.done.set()
+        return finished
+
+    def _finish(self, row: Sequence, token: int) -> bool:
+        n = len(row.token_ids)
+        if n >= row.params.min_tokens and token in row.params.stop_token_ids:
+            row.finish_reason, row.stop_reason = "stop", token
+        elif n >= row.params.min_tokens and not row.params.ignore_eos and token in self._loaded.eos_ids:
+            row.finish_reason = "stop"
+        elif n >= row.params.max_tokens or len(row.prompt) + n >= self.max_model_len:
+            row.finish_reason = "length"
+        return row.finish_reason is not None
+
+    def _fail_all(self, message: str) -> None:
+        rows, self._batch = self._batch.rows, _Batch()
+        while True:
+            try:
+                rows.append(self._pending.get_nowait())
+            except queue.Empty:
+                break
+        for row in rows:
+            row.error = message
+            row.done.set()
+
+
+def _sample_one(logits: torch.Tensor, row: Sequence, eos_ids: frozenset[int]) -> int:
+    """The sampler: temperature, top-k, top-p over the processed distribution (greedy at T=0)."""
+    p = row.params
+    if len(row.token_ids) < p.min_tokens:  # vLLM's min_tokens: stop tokens are not allowed yet
+        logits = logits.clone()
+        banned = list(set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids)))
+        logits[banned] = float("-inf")
+    if p.temperature == 0.0:
+        return int(logits.argmax())
+    scaled = logits / p.temperature
+    if 0 < p.top_k < scaled.shape[-1]:
+        kth = scaled.topk(p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(0) - sorted_probs > p.top_p  # keep the smallest set reaching top_p
+        probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
+    return int(torch.multinomial(probs, 1, generator=row.generator))

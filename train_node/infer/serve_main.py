@@ -1,0 +1,77 @@
+"""Process entry of ``spoolrl serve``: listen, load, announce readiness, stop cleanly on SIGTERM.
+
+Guarantees: the socket is bound first (``/health`` answers 503 meanwhile), the ready file is
+written atomically only after the model loaded, SIGTERM/SIGINT shut the server down and exit 0,
+a model that fails to load exits non-zero with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from hpc.errors import UsageError
+from hpc.fsutil import atomic_write_json
+from train_node.infer.httpbase import make_server, read_secret, server_url
+from train_node.infer.server import App, ServeOptions, make_handler
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeArgs:
+    model: str
+    port: int = 0
+    host: str = "127.0.0.1"
+    uds: str | None = None
+    version: int = 0
+    served_model_name: str = "policy"
+    dtype: str = "float32"
+    threads: int = 0
+    max_batch: int = 32
+    secret_file: str | None = None
+    require_auth_all: bool = False
+    ready_file: str | None = None
+
+
+def run_serve(args: ServeArgs) -> int:
+    if not Path(args.model, "config.json").exists():
+        raise UsageError(f"--model {args.model}: no config.json there; give an HF checkpoint directory")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    options = ServeOptions(served_model_name=args.served_model_name, dtype=args.dtype, max_batch=args.max_batch,
+                           secret=read_secret(args.secret_file), require_auth_all=args.require_auth_all)
+    app = App(options)
+    server = make_server(make_handler(app), host=args.host, port=args.port, uds=args.uds)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    url = server_url(server, args.host)
+    try:
+        app.load(args.model, args.version)
+    except Exception as exc:
+        print(f"spoolrl serve: could not load {args.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        server.shutdown()
+        return 1
+    if args.ready_file:
+        atomic_write_json(Path(args.ready_file), {"url": url, "pid": os.getpid(), "version": args.version})
+    print(f"spoolrl serve: {url} serving {args.model} (version {args.version})", file=sys.stderr, flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.shutdown()
+    server.server_close()
+    app.close()
+    if args.uds:
+        Path(args.uds).unlink(missing_ok=True)
+    return 0
