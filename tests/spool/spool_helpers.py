@@ -29,8 +29,9 @@ def make_traj(task_id: str, sample: int, *, n_tokens: int = 32, attempt: int = 0
     mask = np.array([0] * prompt + [1] * (n_tokens - prompt), dtype=np.int8)
     return Trajectory(
         trajectory_id=f"{task_id}/{sample}/{attempt}{tag}", task_id=task_id, group_id=f"{task_id}#g",
-        sample_index=sample, token_ids=(np.arange(n_tokens) * 7 + sample) % 50000, loss_mask=mask,
-        logprobs=np.where(mask == 1, -0.25, 0.0), policy_versions=np.where(mask == 1, 2, -1),
+        sample_index=sample, token_ids=((np.arange(n_tokens) * 7 + sample) % 50000).astype(np.int32), loss_mask=mask,
+        logprobs=np.where(mask == 1, -0.25, 0.0).astype(np.float32),
+        policy_versions=np.where(mask == 1, 2, -1).astype(np.int32),
         reward=float(sample % 2), attempt=attempt, prompt_len=prompt,
     )
 

@@ -29,7 +29,7 @@ def _race(views: list[Path], results: Path) -> None:
     procs = [start(claim_worker, str(views[w % len(views)]), f"w{w}", str(results / f"w{w}.json"), config)
              for w in range(NUM_WORKERS)]
     join_all(procs, timeout_s=300)
-    claims = Counter()
+    claims: Counter[str] = Counter()
     for w in range(NUM_WORKERS):
         report = json.loads((results / f"w{w}.json").read_text())
         assert report["not_finished"] == [], f"w{w} lost leases it still held: {report['not_finished'][:5]}"

@@ -1,0 +1,216 @@
+"""Spool semantics in one process: tasks, leases, shards, groups, fencing, recovery, dedup, backpressure."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spool_helpers import make_group, make_traj
+
+from hpc.config.spool import SpoolConfig
+from hpc.errors import FencedError, SpoolError
+from hpc.shard import read_shard_file, shard_count
+from hpc.spool import Spool
+from hpc.trajectory import Status, Trajectory
+
+
+def _consume_all(spool: Spool, consumer: str) -> list[Trajectory]:
+    shards = spool.claim_shards(consumer, 1000)
+    out = [t for s in shards for t in s.trajectories()]
+    spool.commit(consumer, [s.shard_id for s in shards])
+    return out
+
+
+# ----------------------------------------------------------------------------------------- tasks
+
+
+def test_put_tasks_is_idempotent_in_every_state(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    tasks = [{"task_id": f"repo__issue-{i}", "i": i} for i in range(4)] + [{"task_id": ".odd/id with spaces"}]
+    assert spool.put_tasks(tasks) == 5
+    assert spool.put_tasks(tasks) == 0
+    lease = spool.claim_task("w1")
+    assert lease is not None and lease.attempt == 0 and lease.task["task_id"] == lease.task_id
+    assert spool.put_tasks(tasks) == 0  # claimed: still known
+    assert spool.finish_task(lease)
+    assert spool.put_tasks([{"task_id": lease.task_id}]) == 0  # done: the done marker keeps it known
+    assert spool.stats()["tasks_done"] == 1
+    with pytest.raises(SpoolError, match="task_id"):
+        spool.put_tasks([{"name": "no id"}])
+
+
+def test_release_returns_task_with_next_attempt(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.put_tasks([{"task_id": "t"}])
+    lease = spool.claim_task("w1")
+    assert lease is not None
+    assert spool.claim_task("w2") is None
+    assert spool.release_task(lease)
+    again = spool.claim_task("w2")
+    assert again is not None and again.task_id == "t" and again.attempt == 1
+    assert not spool.finish_task(lease)  # the released lease can no longer finish
+    assert spool.finish_task(again)
+
+
+def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> None:
+    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.5)
+    spool = Spool(tmp_path, config)
+    spool.put_tasks([{"task_id": "slow"}, {"task_id": "alive"}])
+    dead = spool.claim_task("dead")
+    live = spool.claim_task("live")
+    assert dead is not None and live is not None
+    reaper = Spool(tmp_path, config)
+    assert reaper.reclaim_expired() == 0  # first sight: a fresh observer never reclaims
+    for _ in range(3):
+        time.sleep(0.6)
+        spool.heartbeat("live")  # "live" keeps beating, "dead" does not
+        reaper.reclaim_expired()
+    stats = reaper.stats()
+    assert (stats["tasks_ready"], stats["tasks_claimed"]) == (1, 1)
+    assert not spool.finish_task(dead)  # late: rejected
+    assert spool.finish_task(live)
+    again = reaper.claim_task("other")
+    assert again is not None and again.task_id == dead.task_id and again.attempt == 1
+
+
+# ----------------------------------------------------------------------------------------- shards
+
+
+def test_groups_are_never_split_and_round_trip(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, SpoolConfig(shard_max_trajectories=5))
+    groups = {f"t{i}": make_group(f"t{i}", 3 if i != 4 else 7) for i in range(8)}
+    with spool.writer("w") as writer:
+        for group in groups.values():
+            writer.add_group(group)
+    spool.fence("c")
+    shards = spool.claim_shards("c", 100)
+    for shard in shards:
+        got = list(shard.trajectories())
+        assert len(got) == shard_count(shard.shard_id)
+        for task_id in {t.task_id for t in got}:
+            assert sum(t.task_id == task_id for t in got) == len(groups[task_id]), "a group was split"
+    by_id = {t.trajectory_id: t for s in shards for t in s.trajectories()}
+    originals = [t for g in groups.values() for t in g]
+    assert len(by_id) == len(originals)
+    for orig in originals:
+        back = by_id[orig.trajectory_id]
+        assert back.meta() == orig.meta()
+        for name in ("token_ids", "loss_mask", "logprobs", "policy_versions"):
+            assert np.array_equal(getattr(back, name), getattr(orig, name))
+            assert getattr(back, name).dtype == getattr(orig, name).dtype
+
+
+def test_fields_survive_and_shard_is_self_describing(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    traj = Trajectory(
+        trajectory_id="x", task_id="t", group_id="g", sample_index=0, token_ids=np.array([1, 2, 3], np.int32),
+        loss_mask=np.array([0, 1, 1], np.int8), logprobs=np.array([0.0, -1.5, -0.1], np.float32),
+        policy_versions=np.array([-1, 4, 5], np.int32), reward=None, status=Status.SANDBOX_ERROR,
+        timings={"run_s": 1.5}, metrics={"turns": 3, "tools": ["bash"]}, sampling={"temperature": 0.7}, attempt=2,
+    )
+    with spool.writer("w") as writer:
+        writer.add(traj)
+    (path,) = list(spool.ready.glob("*.shard"))
+    table = read_shard_file(path)
+    meta = table.schema.metadata
+    assert meta[b"spoolrl.format"] == b"shard" and meta[b"spoolrl.trajectory_schema"] == b"1"
+    assert str(table.schema.field("token_ids").type) == "list<item: int32>"
+    (back,) = _consume_all(spool, "c")
+    assert back.to_json() == traj.to_json()
+
+
+def test_seal_by_size_and_by_age(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, SpoolConfig(shard_max_mb=0.01, shard_max_age_s=0.2))
+    with spool.writer("w") as writer:
+        for i in range(4):
+            writer.add_group([make_traj(f"big{i}", 0, n_tokens=1000)])  # ~9 kB each: 0.01 MB holds one
+        assert len(writer.published) >= 3
+        writer.add(make_traj("young", 0))
+        deadline = time.monotonic() + 10
+        while writer.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writer.pending() == 0, "the age thread did not seal the open shard"
+    assert spool.stats()["trajectories_ready"] == 5
+
+
+# ----------------------------------------------------------------------------------------- consumer
+
+
+def test_fencing_stops_a_stale_consumer(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    with spool.writer("w") as writer:
+        writer.add_group(make_group("a", 2))
+    old = Spool(tmp_path)
+    assert old.fence("trainer") == 1
+    shards = old.claim_shards("trainer", 10)
+    new = Spool(tmp_path)
+    assert new.fence("trainer") == 2  # a requeued trainer with the same id
+    with pytest.raises(FencedError, match="generation 2"):
+        old.commit("trainer", [s.shard_id for s in shards])
+    with pytest.raises(FencedError):
+        old.recover("trainer", [])
+    with pytest.raises(FencedError):
+        Spool(tmp_path).commit("never-fenced", [])
+    assert new.recover("trainer", []) == {"committed": 0, "returned": 1}
+    assert len(_consume_all(new, "trainer")) == 2
+    assert new.stats()["trajectories_committed"] == 2
+
+
+def test_recover_commits_checkpointed_and_returns_the_rest(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, SpoolConfig(shard_max_trajectories=2))
+    with spool.writer("w") as writer:
+        for i in range(3):
+            writer.add_group(make_group(f"t{i}", 2))
+    crashed = Spool(tmp_path)
+    crashed.fence("trainer")
+    ids = [s.shard_id for s in crashed.claim_shards("trainer", 3)]
+    assert len(ids) == 3
+    successor = Spool(tmp_path)
+    successor.fence("trainer")
+    assert successor.recover("trainer", ids[:1]) == {"committed": 1, "returned": 2}
+    stats = successor.stats()
+    assert (stats["shards_committed"], stats["shards_ready"], stats["shards_claimed"]) == (1, 2, 0)
+    assert {t.task_id for t in _consume_all(successor, "trainer")} == {"t1", "t2"}
+
+
+def test_duplicate_task_results_are_dropped_and_recorded(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for worker, tag in (("fresh", ""), ("late", "-late")):
+        with spool.writer(worker) as writer:
+            writer.add_group(make_group("t", 4, tag=tag))
+            writer.add_group(make_group(f"only-{worker}", 2))
+    spool.fence("c")
+    trained = _consume_all(spool, "c")
+    assert sorted(t.task_id for t in trained).count("t") == 4
+    assert len(trained) == 8
+    assert spool.stats()["trajectories_dropped_duplicate"] == 4
+    with spool.writer("third") as writer:  # after a trainer restart too
+        writer.add_group(make_group("t", 4, tag="-third"))
+    restarted = Spool(tmp_path)
+    restarted.fence("c")
+    restarted.recover("c", [])
+    assert _consume_all(restarted, "c") == []
+    assert restarted.stats()["trajectories_dropped_duplicate"] == 8
+
+
+def test_backpressure_counts_unconsumed_shards(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, SpoolConfig(shard_max_trajectories=1, max_ready_shards=3))
+    with spool.writer("w") as writer:
+        writer.add_group(make_group("a", 1))
+        writer.add_group(make_group("b", 1))
+        assert spool.pending_work() == 2 and not spool.backpressure()
+        writer.add_group(make_group("c", 1))
+        assert spool.pending_work() == 3 and spool.backpressure()
+    spool.claim_shards("c", 2)
+    assert spool.pending_work() == 1 and not spool.backpressure()
+
+
+def test_drop_records_account_for_trajectories(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.drop(make_group("stale", 3), reason="too_stale", process="trainer")
+    assert spool.stats()["trajectories_dropped_other"] == 3
+    (record,) = [json.loads(p.read_text()) for p in spool.dropped_dir.iterdir()]
+    assert record["reason"] == "too_stale" and len(record["trajectories"]) == 3

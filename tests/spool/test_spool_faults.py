@@ -1,0 +1,174 @@
+"""Faults: corrupt and truncated shards, a full disk (real 1 MiB tmpfs), an injected quota error,
+a writer killed mid-shard; plus polling, metrics and the spool CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from spool_helpers import CTX, make_group, make_traj, start
+
+from hpc.cli import main as cli_main
+from hpc.config.spool import SpoolConfig
+from hpc.errors import SpoolError
+from hpc.metrics import MetricsWriter, read_metrics
+from hpc.shard import SUFFIX
+from hpc.spool import Spool
+
+
+def _three_shards(spool: Spool) -> list[Path]:
+    with spool.writer("w") as writer:
+        for i in range(3):
+            writer.add_group(make_group(f"t{i}", 2))
+            writer.flush()
+    return sorted(spool.ready.glob(f"*{SUFFIX}"))
+
+
+def test_corrupt_and_truncated_shards_are_quarantined(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    flipped, truncated, good = _three_shards(spool)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    (spool.ready / f"9999999999999-garbage-n3{SUFFIX}").write_bytes(b"not a shard at all " * 10)
+    spool.fence("c")
+    shards = spool.claim_shards("c", 10)  # never raises: bad shards are set aside
+    assert [s.shard_id + SUFFIX for s in shards] == [good.name]
+    assert len(list(shards[0].trajectories())) == 2
+    reasons = {p.name: json.loads(p.read_text())["reason"] for p in spool.quarantine.glob("*.reason.json")}
+    assert any("checksum mismatch" in r for r in reasons.values())
+    assert any("truncated" in r for r in reasons.values())
+    assert any("not a spoolrl shard" in r for r in reasons.values())
+    stats = spool.stats()
+    assert stats["shards_quarantined"] == 3 and stats["corrupt_detected_here"] == 3
+    assert stats["trajectories_quarantined"] == 2 + 2 + 3  # from the shard ids
+
+
+def test_injected_quota_error_is_clear_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    writer = spool.writer("w")
+    writer.add_group(make_group("t", 3))
+
+    def over_quota(fd: int) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(os, "fsync", over_quota)
+    with pytest.raises(SpoolError, match="EDQUOT") as info:
+        writer.flush()
+    assert str(spool.ready) in str(info.value) and "quota" in str(info.value)
+    assert os.listdir(spool.ready) == []  # no shard, no temporary
+    monkeypatch.undo()
+    assert writer.pending() == 3  # kept: the flush can be retried once there is room
+    writer.close()
+    assert spool.stats()["trajectories_ready"] == 3
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"component unavailable: cannot mount a 1 MiB tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_gives_clear_error_and_no_partial_shard(tiny_tmpfs: Path) -> None:
+    spool = Spool(tiny_tmpfs, SpoolConfig(shard_max_trajectories=1000, shard_max_mb=64))
+    writer = spool.writer("w")
+    for i in range(8):  # 8 x 4 x ~53 kB = ~1.7 MB > 1 MiB
+        writer.add_group(make_group(f"t{i}", 4, n_tokens=4096))
+    with pytest.raises(SpoolError, match="ENOSPC") as info:
+        writer.flush()
+    assert str(spool.ready) in str(info.value) and "free space" in str(info.value)
+    assert os.listdir(spool.ready) == []
+    assert spool.stats()["shards_ready"] == 0
+    with pytest.raises(SpoolError, match="ENOSPC"):  # tasks too: a clear error, not a traceback
+        spool.put_tasks([{"task_id": f"task-{i}", "pad": "x" * 2000} for i in range(600)])
+    assert [n for n in os.listdir(spool.tasks.ready) if n.startswith(".tmp")] == []
+
+
+def _die_while_publishing(run: str) -> None:
+    def killed(*args: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    spool = Spool(run)
+    writer = spool.writer("doomed")
+    writer.add_group(make_group("t", 3))
+    os.rename = killed  # type: ignore[assignment]  # dies between the fsync and the rename
+    writer.flush()
+
+
+def test_writer_killed_mid_shard_leaves_only_a_cleaned_temporary(tmp_path: Path) -> None:
+    proc = start(_die_while_publishing, str(tmp_path))
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    spool = Spool(tmp_path)
+    names = os.listdir(spool.ready)
+    assert len(names) == 1 and names[0].startswith(".tmp@") and not names[0].endswith(SUFFIX)
+    assert spool.stats()["tmp_files"] == 1 and spool.stats()["shards_ready"] == 0
+    assert spool.claim_shards("c", 10) == []  # listing ready/ also removes temporaries of dead writers
+    assert os.listdir(spool.ready) == []
+
+
+def _write_later(run: str) -> None:
+    import time
+
+    time.sleep(0.5)
+    with Spool(run).writer("late") as writer:
+        writer.add_group(make_group("t", 2))
+
+
+def test_wait_for_shards_sees_a_shard_from_another_process(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, SpoolConfig(poll_interval_s=0.2))
+    assert spool.wait_for_shards("c", 4, timeout_s=0.3) == []
+    proc = CTX.Process(target=_write_later, args=(str(tmp_path),))
+    proc.start()
+    shards = spool.wait_for_shards("c", 4, timeout_s=30)
+    proc.join()
+    assert [len(s) for s in shards] == [2]
+
+
+def test_metrics_jsonl_schema_and_torn_line(tmp_path: Path) -> None:
+    with MetricsWriter(tmp_path, "rollout-0") as m:
+        m.log("episode", reward=1.0, tokens=12)
+        with pytest.raises(ValueError, match="reserved"):
+            m.log("bad", t=3)
+    with MetricsWriter(tmp_path, "trainer") as m:
+        m.log("train_step", step=1, loss=0.5)
+    with open(tmp_path / "metrics" / "trainer.jsonl", "a") as f:
+        f.write('{"t": 1, "kind": "torn')  # a crash mid-line
+    records = list(read_metrics(tmp_path))
+    assert {(r["process"], r["kind"]) for r in records} == {("rollout-0", "episode"), ("trainer", "train_step")}
+    assert all(isinstance(r["t"], float) for r in records)
+    assert [r["step"] for r in read_metrics(tmp_path, kind="train_step")] == [1]
+
+
+def test_cli_stats_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spool = Spool(tmp_path)
+    spool.put_tasks([{"task_id": "a"}])
+    with spool.writer("w") as writer:
+        writer.add_group([make_traj("a", 0), make_traj("a", 1)])
+    assert cli_main(["spool", "stats", str(tmp_path), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["tasks_ready"] == 1 and stats["trajectories_ready"] == 2
+    assert cli_main(["spool", "stats", str(tmp_path)]) == 0
+    assert "shards_ready" in capsys.readouterr().out
+    (shard,) = spool.ready.glob(f"*{SUFFIX}")
+    assert cli_main(["spool", "inspect", str(shard), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["trajectory_id"] for r in lines] == ["a/0/0", "a/1/0"]
+    assert lines[0]["token_ids"] == make_traj("a", 0).token_ids.tolist()
+    assert cli_main(["spool", "inspect", str(tmp_path / "missing.shard")]) == 2
+    assert "no such shard file" in capsys.readouterr().err
+    assert cli_main(["spool", "stats", str(tmp_path / "nope")]) == 2
