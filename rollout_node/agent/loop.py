@@ -207,9 +207,7 @@ class AgentLoop:
         """Parse and run the call, append the observation; True when the episode ends."""
         call = record.call = parse_tool_call(self.template.decode(record.completion.token_ids))
         if isinstance(call, ToolCall) and call.name == "submit":
-            ep.result.submitted = True
-            ep.stop("submit", Status.OK)
-            return True
+            return self._submit(ep, record, tools)
         out = None
         if isinstance(call, ToolCall):
             t0 = time.perf_counter()
@@ -231,3 +229,19 @@ class AgentLoop:
         ep.add_context(obs_ids)
         record.observation_tokens = len(obs_ids)
         return False
+
+    @staticmethod
+    def _submit(ep: _Episode, record: TurnRecord, tools: Tools) -> bool:
+        t0 = time.perf_counter()
+        try:
+            out = tools.submit()
+        except SandboxError as exc:
+            ep.stop("sandbox_error", Status.SANDBOX_ERROR, str(exc))
+            return True
+        finally:
+            record.tool_s = time.perf_counter() - t0
+        # A failed diff (e.g. no git repo) is the agent's outcome, not an infrastructure fault: EVAL scores it.
+        record.observation = "submitted" if out.ok else f"submit failed: {out.text[-500:]}"
+        ep.result.submitted = True
+        ep.stop("submit", Status.OK)
+        return True

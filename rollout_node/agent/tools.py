@@ -1,18 +1,18 @@
-"""The agent's tools on top of a sandbox: bash, python, file view/create/str_replace/insert.
+"""The agent's tools on top of a sandbox: bash, python, file view/create/str_replace/insert, submit.
 
 Guarantees:
 - A tool call returns a :class:`ToolOutput`, it does not raise for anything the agent did (bad path,
   no match, timeout, huge output): those are observations. A :class:`hpc.errors.SandboxError`
   from the sandbox (infrastructure) propagates; the loop turns it into a ``sandbox_error`` status.
-- File tools run INSIDE the sandbox (one fresh ``python3`` per call via ``sandbox.exec``), so paths
-  and symlinks resolve in the sandbox's view of the filesystem and cannot reach the host.
-  Relative paths are relative to ``repo_root`` (default ``/work``, the bind-mounted work dir).
-- ``submit`` is not executed here: the loop ends the episode on it.
+- Every tool is the sandbox's own (``rollout_node.sandbox.Sandbox``): bash and python run inside
+  it; the file tools are its symlink-safe host-side implementations on the work dir (paths are
+  sandbox paths: relative to ``/work`` or absolute under it); ``submit`` captures the diff
+  (``sandbox.submission``) at the moment the agent submits. This module only maps the call's JSON
+  arguments onto those methods, so there is one implementation of each tool.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,7 +24,11 @@ class SandboxLike(Protocol):
 
     def run(self, command: str, *, timeout_s: float | None = None) -> Any: ...
     def python(self, code: str, *, timeout_s: float | None = None) -> Any: ...
-    def exec(self, argv: list[str], *, timeout_s: float | None = None) -> Any: ...
+    def view(self, path: str, view_range: tuple[int, int] | None = None) -> Any: ...
+    def create(self, path: str, text: str, *, overwrite: bool = False) -> Any: ...
+    def str_replace(self, path: str, old: str, new: str) -> Any: ...
+    def insert(self, path: str, line: int, text: str) -> Any: ...
+    def submit(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -46,48 +50,7 @@ class Tools(Protocol):
     """The loop's tool boundary (a sandbox adapter, or a stand-in in benchmarks)."""
 
     def execute(self, call: ToolCall) -> ToolOutput: ...
-
-
-# Runs inside the sandbox with the image's python3; stdlib only; argv[1] is a JSON request.
-EDITOR_SRC = r'''
-import json, os, sys
-req = json.loads(sys.argv[1]); op = req["op"]
-path = os.path.normpath(os.path.join(req["root"], req["path"]))
-def fail(msg):
-    print(msg); sys.exit(1)
-def read():
-    if not os.path.isfile(path): fail(f"no such file: {path}")
-    with open(path, encoding="utf-8", errors="replace") as f: return f.read()
-def write(text):
-    d = os.path.dirname(path)
-    if d: os.makedirs(d, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f: f.write(text)
-if op == "view":
-    if os.path.isdir(path):
-        names = sorted(os.listdir(path))
-        print("\n".join(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names)); sys.exit(0)
-    lines = read().splitlines()
-    a = max(1, req.get("start_line") or 1); b = min(len(lines), req.get("end_line") or len(lines))
-    print("\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(a, b + 1)) if lines else "(empty file)")
-elif op == "create":
-    write(req["content"]); print(f"wrote {path} ({len(req['content'].splitlines())} lines)")
-elif op == "str_replace":
-    text = read(); n = text.count(req["old"])
-    if not req["old"]: fail("old must not be empty")
-    if n != 1: fail(f"old occurs {n} times in {path}; it must occur exactly once")
-    write(text.replace(req["old"], req["new"], 1)); print(f"replaced 1 occurrence in {path}")
-elif op == "insert":
-    lines = read().splitlines(keepends=True); k = req["line"]
-    if not 0 <= k <= len(lines): fail(f"line must be in 0..{len(lines)}")
-    if lines and not lines[-1].endswith("\n"): lines[-1] += "\n"
-    new = req["text"] if req["text"].endswith("\n") else req["text"] + "\n"
-    write("".join(lines[:k]) + new + "".join(lines[k:])); print(f"inserted after line {k} of {path}")
-else:
-    fail(f"unknown op {op}")
-'''
-
-FILE_OPS = ("view", "create", "str_replace", "insert")
-MAX_ARG_BYTES = 120_000  # Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN)
+    def submit(self) -> ToolOutput: ...
 
 
 def _from_result(result: Any) -> ToolOutput:
@@ -98,26 +61,31 @@ def _from_result(result: Any) -> ToolOutput:
 class SandboxTools:
     """:class:`Tools` over a sandbox (``rollout_node.sandbox.open_sandbox`` or anything shaped like it)."""
 
-    def __init__(self, sandbox: SandboxLike, *, repo_root: str = "/work", timeout_s: float = 60.0,
-                 python_exe: str = "python3") -> None:
+    def __init__(self, sandbox: SandboxLike, *, timeout_s: float = 60.0) -> None:
         self.sandbox = sandbox
-        self.repo_root = repo_root
         self.timeout_s = timeout_s
-        self.python_exe = python_exe
 
     def _timeout(self, call: ToolCall) -> float:
         asked = call.arguments.get("timeout_s")
         return min(float(asked), self.timeout_s) if asked else self.timeout_s
 
     def execute(self, call: ToolCall) -> ToolOutput:
+        sb, a = self.sandbox, call.arguments
         if call.name == "bash":
-            return _from_result(self.sandbox.run(call.arguments["command"], timeout_s=self._timeout(call)))
+            return _from_result(sb.run(a["command"], timeout_s=self._timeout(call)))
         if call.name == "python":
-            return _from_result(self.sandbox.python(call.arguments["code"], timeout_s=self._timeout(call)))
-        if call.name in FILE_OPS:
-            request = json.dumps({"op": call.name, "root": self.repo_root, **call.arguments})
-            if len(request.encode()) > MAX_ARG_BYTES:
-                return ToolOutput(f"arguments too large ({len(request)} chars); write big files in parts", 1)
-            argv = [self.python_exe, "-c", EDITOR_SRC, request]
-            return _from_result(self.sandbox.exec(argv, timeout_s=self.timeout_s))
+            return _from_result(sb.python(a["code"], timeout_s=self._timeout(call)))
+        if call.name == "view":
+            has_range = "start_line" in a or "end_line" in a
+            view_range = (a.get("start_line", 1), a.get("end_line", -1)) if has_range else None
+            return _from_result(sb.view(a["path"], view_range))
+        if call.name == "create":
+            return _from_result(sb.create(a["path"], a["content"], overwrite=True))
+        if call.name == "str_replace":
+            return _from_result(sb.str_replace(a["path"], a["old"], a["new"]))
+        if call.name == "insert":
+            return _from_result(sb.insert(a["path"], a["line"], a["text"]))
         raise AssertionError(f"tool {call.name!r} is not executable here (the loop handles submit)")
+
+    def submit(self) -> ToolOutput:
+        return _from_result(self.sandbox.submit())

@@ -1,14 +1,10 @@
-"""Test doubles for the agent tests: a scripted ID policy, recording tools, a local sandbox stand-in."""
+"""Test doubles for the agent tests: a scripted ID policy, recording tools; the tiny model builder."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rollout_node.agent import ChatTemplate, Completion, SamplingParams, ToolCall, ToolOutput
 
@@ -53,6 +49,7 @@ class RecordingTools:
     exit_code: int = 0
     error: Exception | None = None
     calls: list[ToolCall] = field(default_factory=list)
+    submitted: bool = False
 
     def execute(self, call: ToolCall) -> ToolOutput:
         self.calls.append(call)
@@ -60,50 +57,6 @@ class RecordingTools:
             raise self.error
         return ToolOutput(self.output, self.exit_code)
 
-
-@dataclass(frozen=True)
-class _Result:
-    output: str
-    exit_code: int | None
-    timed_out: bool
-    truncated: bool
-    duration_s: float
-    total_bytes: int
-
-
-class LocalStandIn:
-    """Same methods as rollout_node.sandbox's Sandbox, run as plain host processes in ``workdir``
-    (no isolation; used only where the real sandbox is not available)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-
-    def _proc(self, argv: list[str], timeout_s: float | None, stdin: str | None = None) -> _Result:
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run(argv, cwd=self.workdir, input=stdin, capture_output=True, text=True,
-                               timeout=timeout_s)
-            out, code, timed_out = p.stdout + p.stderr, p.returncode, False
-        except subprocess.TimeoutExpired as exc:
-            out, code, timed_out = str(exc.stdout or ""), None, True
-        return _Result(out, code, timed_out, False, time.perf_counter() - t0, len(out))
-
-    def run(self, command: str, *, timeout_s: float | None = None) -> _Result:
-        return self._proc(["bash", "-c", command], timeout_s)
-
-    def python(self, code: str, *, timeout_s: float | None = None) -> _Result:
-        return self._proc([sys.executable, "-"], timeout_s, stdin=code)
-
-    def exec(self, argv: list[str], *, timeout_s: float | None = None) -> _Result:
-        if argv and argv[0] == "python3":
-            argv = [sys.executable, *argv[1:]]
-        return self._proc(argv, timeout_s)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> LocalStandIn:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def submit(self) -> ToolOutput:
+        self.submitted = True
+        return ToolOutput("diff")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,16 @@ from fake_engine import FakeEngine
 
 from hpc.errors import InferenceError
 from hpc.trajectory import Status
-from rollout_node.agent import AgentLimits, AgentLoop, ChatTemplate, Message, SamplingParams
+from rollout_node.agent import (
+    AgentLimits,
+    AgentLoop,
+    ChatTemplate,
+    Completion,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolOutput,
+)
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.endpoints import EndpointDirectory
 
@@ -157,7 +166,7 @@ class _KillDuringTurn:
     def __init__(self, session: object, victim: subprocess.Popen[bytes], at: int) -> None:
         self.session, self.victim, self.at, self.turn = session, victim, at, 0
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams):  # type: ignore[no-untyped-def]
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         if self.turn == self.at:
             threading.Timer(0.1, lambda: os.kill(self.victim.pid, signal.SIGKILL)).start()
         self.turn += 1
@@ -192,5 +201,8 @@ def test_server_killed_mid_episode(template: ChatTemplate, tmp_path: Path, serve
 
 
 class _NoTools:
-    def execute(self, call: object) -> object:
+    def execute(self, call: ToolCall) -> ToolOutput:
         raise AssertionError("the fake engine's IDs never form a tool call")
+
+    def submit(self) -> ToolOutput:
+        raise AssertionError("never submits")

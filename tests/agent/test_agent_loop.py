@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import LocalStandIn, RecordingTools, ScriptedIds
+from agent_helpers import RecordingTools, ScriptedIds
+from conftest import git_repo
 
 from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status, Trajectory
@@ -165,26 +167,33 @@ def test_cancel_and_deadline(template: ChatTemplate) -> None:
     assert r.status == Status.TIMEOUT
 
 
-def test_file_tools_through_a_sandbox(template: ChatTemplate, tmp_path: Path) -> None:
-    """view/create/str_replace/insert/bash/python on a work dir (local stand-in: same methods as Sandbox)."""
-    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+@pytest.mark.sandbox
+def test_tools_in_a_real_sandbox(template: ChatTemplate, tmp_path: Path, open_real_sandbox: Any) -> None:
+    """Every tool through a real bwrap sandbox, driven by parsed calls; submit captures the diff."""
+    repo = git_repo(tmp_path / "repo", {"calc.py": "def add(a, b):\n    return a - b\n"})
     steps = [
         format_tool_call("view", {"path": "calc.py"}),
         format_tool_call("str_replace", {"path": "calc.py", "old": "a - b", "new": "a + b"}),
         format_tool_call("str_replace", {"path": "calc.py", "old": "zzz", "new": "y"}),
         format_tool_call("insert", {"path": "calc.py", "line": 0, "text": "# fixed"}),
         format_tool_call("create", {"path": "pkg/new.py", "content": "X = 1\n"}),
-        format_tool_call("bash", {"command": "cat pkg/new.py; exit 3"}),
+        format_tool_call("bash", {"command": "cd pkg && cat new.py; (exit 3)"}),
+        format_tool_call("bash", {"command": "pwd"}),
         format_tool_call("python", {"code": "print(6 * 7)"}),
+        format_tool_call("view", {"path": "/work/calc.py", "start_line": 3, "end_line": 3}),
         SUBMIT,
     ]
-    tools = SandboxTools(LocalStandIn(tmp_path), repo_root=str(tmp_path))
-    result = AgentLoop(template, AgentLimits()).run(MSGS, ScriptedIds(template, steps), tools)
+    sandbox = open_real_sandbox(repo)
+    result = AgentLoop(template, AgentLimits()).run(MSGS, ScriptedIds(template, steps), SandboxTools(sandbox))
     obs = [t.observation for t in result.turns]
     assert "     1\tdef add(a, b):" in obs[0] and "     2\t    return a - b" in obs[0]
-    assert "replaced 1 occurrence" in obs[1]
+    assert "a + b" in obs[1] and "exit code" not in obs[1]
     assert "occurs 0 times" in obs[2] and "exit code 1" in obs[2]
-    assert (tmp_path / "calc.py").read_text() == "# fixed\ndef add(a, b):\n    return a + b\n"
-    assert (tmp_path / "pkg/new.py").read_text() == "X = 1\n"
+    assert (repo / "calc.py").read_text() == "# fixed\ndef add(a, b):\n    return a + b\n"
+    assert (repo / "pkg/new.py").read_text() == "X = 1\n"
     assert "X = 1" in obs[5] and "exit code 3" in obs[5]
-    assert "42" in obs[6] and result.submitted
+    assert obs[6].strip() == "/work/pkg"  # the shell's cwd persists between calls
+    assert "42" in obs[7]
+    assert obs[8].strip() == "3\t    return a + b"
+    assert result.submitted and obs[9] == "submitted"
+    assert "+# fixed" in sandbox.submission and "+X = 1" in sandbox.submission
