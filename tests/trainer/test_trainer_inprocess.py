@@ -1,0 +1,83 @@
+"""The trainer in this process (1 rank, gloo, real DeepSpeed): smoke, publish, accounting, corrupt shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpc.metrics import read_metrics
+from train_node.trainer import checkpoint as ckpt
+from train_node.trainer.loop import Options, Trainer
+
+from .helpers import make_group, make_run, run_config, single_process_env, standard_groups, write_groups
+
+pytestmark = pytest.mark.deepspeed
+
+
+def _trainer(run: Path, cfg, **opts) -> Trainer:
+    t = Trainer(run, cfg, Options(**opts), dist=single_process_env())
+    t.setup()
+    return t
+
+
+def test_trains_publishes_checkpoints_and_accounts(tmp_path: Path) -> None:
+    cfg = run_config(trainer={"total_steps": 3, "checkpoint_every": 2})
+    paths = make_run(tmp_path / "run", cfg)
+    groups = standard_groups(8)
+    groups[2] = make_group("task002@e0", [1.0] * 4, np.random.default_rng(5))  # zero variance
+    write_groups(paths.root, groups)
+    t = _trainer(paths.root, cfg)
+    assert t.run() == 0
+    steps = list(read_metrics(paths.root, "train_step"))
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(np.isfinite(s["loss"]) and s["loss_tokens"] > 0 for s in steps)
+    assert steps[0]["drops"].get("zero_variance") == 4
+    # versions: 0 = initial weights, then one per step; LATEST written last
+    assert (paths.policy / "LATEST").read_text().strip() == "3"
+    # lineage: checkpoints at 2 and 3 (final)
+    tags = [m["tag"] for m in ckpt.lineage(paths)]
+    assert tags == ["step_000002", "step_000003"]
+    ledger = [e for tag in tags for e in ckpt.read_ledger(paths, tag)]
+    trained = [e for e in ledger if e["outcome"] == "trained"]
+    assert len(trained) == 3 * 2 * 4
+    assert len({e["trajectory_id"] for e in ledger}) == len(ledger)
+
+
+def test_published_policy_loads_and_equals_trained_weights(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 5})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(4))
+    t = _trainer(paths.root, cfg)
+    assert t.run() == 0
+    trained = {k: v.detach().clone() for k, v in t.engine.module.state_dict().items()}
+    version = int((paths.policy / "LATEST").read_text())
+    loaded = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(version)))
+    sd = loaded.state_dict()
+    for k, v in trained.items():
+        assert torch.equal(sd[k], v), k
+    initial = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(0)))
+    assert not torch.equal(initial.state_dict()["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
+
+
+def test_corrupt_shard_is_quarantined_and_training_continues(tmp_path: Path) -> None:
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 1})
+    paths = make_run(tmp_path / "run", cfg)
+    ids = write_groups(paths.root, standard_groups(6))
+    bad = paths.spool / "shards" / "ready" / f"{ids[1]}.shard"
+    data = bytearray(bad.read_bytes())
+    data[-20] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    t = _trainer(paths.root, cfg)
+    assert t.run() == 0
+    assert len(list(read_metrics(paths.root, "train_step"))) == 2
+    assert (paths.spool / "shards" / "quarantine" / bad.name).exists()
+    ledger = [e for m in ckpt.lineage(paths) for e in ckpt.read_ledger(paths, m["tag"])]
+    assert not [e for e in ledger if e["shard_id"] == ids[1]]
+    info = json.loads((paths.spool / "shards" / "quarantine" / f"{bad.name}.reason.json").read_text())
+    assert info["reason"]

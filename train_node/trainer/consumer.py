@@ -1,0 +1,248 @@
+"""Rank 0's spool consumer: shards in, batches of complete, trainable, deduplicated groups out.
+
+Guarantees (exactly-once accounting):
+- Every row of every claimed shard gets exactly one outcome in the ledger: ``trained`` (with the
+  step) or ``dropped`` (with a reason: ``duplicate_task``, ``zero_variance``, ``stale``,
+  ``too_long``, ``no_reward``, ``singleton``, or the trajectory's non-trainable status such as
+  ``sandbox_error``). Rows the spool itself dropped as duplicates are entered too.
+- A shard is *covered* once all its rows have an outcome; covered shard ids go into the next
+  checkpoint and are committed after it. Rows of a shard not yet covered whose outcome is already
+  decided are remembered per shard (``resolved``, saved in the checkpoint), so when the shard comes
+  back after a crash those rows are skipped instead of being counted twice.
+- A task id is trained at most once in the lineage: the set of trained task ids is part of the
+  checkpoint; tasks in a batch not yet trained are held separately (``inflight``) and are not saved.
+- Deterministic: shards are claimed oldest first and groups leave the buffer in arrival order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hpc.config import AlgorithmConfig
+from hpc.trajectory import Trajectory
+from train_node.trainer.loss import group_advantages
+from train_node.trainer.packing import Sample
+
+
+class SpoolLike(Protocol):
+    def claim_shards(self, consumer_id: str, max_shards: int) -> list[Any]: ...
+
+
+@dataclass
+class Batch:
+    """One optimizer step's worth of groups (samples carry their advantages)."""
+
+    samples: list[Sample]
+    groups: list[list[Trajectory]]
+    staleness: list[int]
+    policy_version: int  # trainer version the batch was filtered against
+    shard_of: dict[str, str] = field(default_factory=dict)  # trajectory id -> shard id
+
+    @property
+    def task_ids(self) -> list[str]:
+        return [g[0].task_id for g in self.groups]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [float(t.reward or 0.0) for g in self.groups for t in g]
+
+
+@dataclass
+class ConsumerState:
+    """What the checkpoint keeps of the consumer."""
+
+    trained_tasks: set[str] = field(default_factory=set)
+    resolved: dict[str, set[str]] = field(default_factory=dict)  # shard id -> trajectory ids with an outcome
+    tasks_resolved: int = 0  # groups trained or dropped as a whole (the feeder's backpressure)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trained_tasks": sorted(self.trained_tasks), "tasks_resolved": self.tasks_resolved,
+                "resolved": {k: sorted(v) for k, v in sorted(self.resolved.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConsumerState:
+        return cls(trained_tasks=set(data.get("trained_tasks", [])), tasks_resolved=int(data.get("tasks_resolved", 0)),
+                   resolved={k: set(v) for k, v in data.get("resolved", {}).items()})
+
+
+@dataclass
+class _Staged:
+    """A group that passed the filters, waiting for a batch."""
+
+    members: list[tuple[str, Trajectory]]
+    advantages: list[float]
+    staleness: list[int]
+
+
+@dataclass
+class _Open:
+    """A claimed shard whose rows are not all resolved yet."""
+
+    total: int
+    done: set[str] = field(default_factory=set)
+
+
+class Consumer:
+    """Not thread-safe by itself: the batch source serialises calls with ``lock``."""
+
+    def __init__(self, spool: SpoolLike, consumer_id: str, acfg: AlgorithmConfig, *, max_seq_len: int,
+                 state: ConsumerState | None = None, claim_batch: int = 8) -> None:
+        self.spool, self.consumer_id, self.acfg = spool, consumer_id, acfg
+        self.max_seq_len = max_seq_len
+        self.claim_batch = claim_batch
+        self.state = state or ConsumerState()
+        self.lock = threading.RLock()
+        self.open: dict[str, _Open] = {}
+        self.groups: OrderedDict[tuple[str, str], list[tuple[str, Trajectory]]] = OrderedDict()
+        self.inflight: set[str] = set()
+        self.staged: list[_Staged] = []
+        self.ledger: list[dict[str, Any]] = []  # outcomes since the last checkpoint
+        self.covered: list[str] = []  # shards fully resolved since the last checkpoint
+        self.drops: Counter[str] = Counter()
+        self.shards_claimed = 0
+
+    # ------------------------------------------------------------------ intake
+    def poll(self) -> int:
+        """Claim ready shards and buffer their rows; returns the number of shards claimed."""
+        shards = self.spool.claim_shards(self.consumer_id, self.claim_batch)
+        for shard in shards:
+            self._intake(shard)
+        self.shards_claimed += len(shards)
+        return len(shards)
+
+    def _intake(self, shard: Any) -> None:
+        sid = shard.shard_id
+        already = self.state.resolved.get(sid, set())
+        entry = self.open[sid] = _Open(total=0, done=set(already))
+        for row in getattr(shard, "dropped", []):
+            entry.total += 1
+            if row["trajectory_id"] not in already:
+                self._resolve(sid, row["trajectory_id"], row["task_id"], "dropped", row.get("reason", "duplicate_task"))
+        for traj in shard.trajectories():
+            entry.total += 1
+            if traj.trajectory_id in already:
+                continue
+            self.groups.setdefault((traj.task_id, traj.group_id), []).append((sid, traj))
+        self._maybe_cover(sid)
+
+    # ------------------------------------------------------------------ outcomes
+    def _resolve(self, sid: str, traj_id: str, task_id: str, outcome: str, reason: str = "",
+                 step: int | None = None) -> None:
+        entry: dict[str, Any] = {"trajectory_id": traj_id, "task_id": task_id, "shard_id": sid, "outcome": outcome}
+        if reason:
+            entry["reason"] = reason
+            self.drops[reason] += 1
+        if step is not None:
+            entry["step"] = step
+        self.ledger.append(entry)
+        self.open[sid].done.add(traj_id)
+        self.state.resolved.setdefault(sid, set()).add(traj_id)
+
+    def _maybe_cover(self, sid: str) -> None:
+        entry = self.open[sid]
+        if len(entry.done) >= entry.total:
+            del self.open[sid]
+            self.state.resolved.pop(sid, None)
+            self.covered.append(sid)
+
+    def _drop_all(self, members: list[tuple[str, Trajectory]], reason: str) -> None:
+        for sid, t in members:
+            self._resolve(sid, t.trajectory_id, t.task_id, "dropped", reason)
+            self._maybe_cover(sid)
+
+    # ------------------------------------------------------------------ batching
+    def next_batch(self, trainer_version: int, num_groups: int, *, allow_partial: bool = False) -> Batch | None:
+        """``num_groups`` trainable groups in arrival order (fewer only with ``allow_partial``), else None."""
+        for key in [k for k, m in self.groups.items() if len(m) >= self.acfg.group_size]:
+            if len(self.staged) >= num_groups:
+                break
+            kept = self._filter_group(self.groups.pop(key), trainer_version)
+            if kept is not None:
+                self.staged.append(kept)
+        if not self.staged or (len(self.staged) < num_groups and not allow_partial):
+            return None
+        picked, self.staged = self.staged[:num_groups], self.staged[num_groups:]
+        return self._make_batch(picked, trainer_version)
+
+    def _filter_group(self, members: list[tuple[str, Trajectory]], version: int) -> _Staged | None:
+        """Drop what must not be trained; returns the kept members with advantages, or None."""
+        task_id = members[0][1].task_id
+        if task_id in self.state.trained_tasks or task_id in self.inflight:
+            self._drop_group(members, "duplicate_task")
+            return None
+        kept = []
+        for sid, t in members:
+            reason = self._sample_drop_reason(t, version)
+            if reason:
+                self._drop_all([(sid, t)], reason)
+            else:
+                kept.append((sid, t))
+        if len(kept) < 2 and self.acfg.group_size > 1:
+            self._drop_group(kept, "singleton")
+            return None
+        rewards = [float(t.reward or 0.0) for _, t in kept]
+        if self.acfg.drop_zero_variance and max(rewards) == min(rewards):
+            self._drop_group(kept, "zero_variance")
+            return None
+        self.inflight.add(task_id)
+        adv = group_advantages(rewards, self.acfg.advantage_norm)
+        return _Staged(kept, adv, [t.staleness(version) for _, t in kept])
+
+    def _drop_group(self, members: list[tuple[str, Trajectory]], reason: str) -> None:
+        self._drop_all(members, reason)
+        self.state.tasks_resolved += 1
+
+    def _sample_drop_reason(self, t: Trajectory, version: int) -> str:
+        if not t.status.trainable:
+            return t.status.value
+        if t.reward is None:
+            return "no_reward"
+        if t.num_tokens > self.max_seq_len:
+            return "too_long"
+        if t.num_generated == 0:
+            return "no_generated_tokens"
+        if t.staleness(version) > self.acfg.max_staleness:
+            return "stale"
+        return ""
+
+    def _make_batch(self, picked: list[_Staged], version: int) -> Batch:
+        batch = Batch(samples=[], groups=[], staleness=[], policy_version=version)
+        for st in picked:
+            batch.groups.append([t for _, t in st.members])
+            batch.staleness.extend(st.staleness)
+            for (sid, t), a in zip(st.members, st.advantages, strict=True):
+                temp = float(t.sampling.get("temperature", 1.0) or 1.0)
+                batch.samples.append(Sample(t.trajectory_id, t.token_ids, t.loss_mask, t.logprobs, a, temp))
+                batch.shard_of[t.trajectory_id] = sid
+        return batch
+
+    def mark_trained(self, batch: Batch, step: int) -> None:
+        for group in batch.groups:
+            self.state.trained_tasks.add(group[0].task_id)
+            self.state.tasks_resolved += 1
+            self.inflight.discard(group[0].task_id)
+            for t in group:
+                sid = batch.shard_of[t.trajectory_id]
+                self._resolve(sid, t.trajectory_id, t.task_id, "trained", step=step)
+                self._maybe_cover(sid)
+
+    # ------------------------------------------------------------------ checkpoint hand-off
+    def buffered_groups(self) -> int:
+        return len(self.groups)
+
+    def complete_groups(self) -> int:
+        return len(self.staged) + sum(1 for m in self.groups.values() if len(m) >= self.acfg.group_size)
+
+    def take_checkpoint_delta(self) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
+        """(ledger since the last checkpoint, shards it covers, state to save); resets the deltas."""
+        ledger, covered = self.ledger, self.covered
+        self.ledger, self.covered = [], []
+        return ledger, covered, self.state.to_json()
+
+    def restore_delta(self, ledger: list[dict[str, Any]], covered: list[str]) -> None:
+        """Undo ``take_checkpoint_delta`` when the checkpoint failed (the outcomes still need a home)."""
+        self.ledger = ledger + self.ledger
+        self.covered = covered + self.covered

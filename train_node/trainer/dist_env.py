@@ -1,0 +1,63 @@
+"""Where this trainer process sits in the train group: rank, world size, rendezvous.
+
+Resolution order (first that applies):
+1. torchrun / deepspeed launcher variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+   ``MASTER_PORT``) when they are set: the launcher knows best.
+2. ``hpc.slurm_env.SlurmEnv`` under a Slurm job step (srun starts one task per GPU): train-group
+   rank and size, the first host of the train group and a port derived from the job id and the
+   restart count (so a requeued job never collides with its predecessor's port).
+3. A single process on this host.
+
+The result is exported to the environment, because ``deepspeed.init_distributed`` reads it there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # "launcher", "slurm" or "single"
+
+    def export(self) -> None:
+        os.environ.update(
+            RANK=str(self.rank), LOCAL_RANK=str(self.local_rank), WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port),
+        )
+
+
+def _from_launcher(env: dict[str, str]) -> DistEnv | None:
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    return DistEnv(
+        rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=int(env.get("MASTER_PORT", "29500")),
+        source="launcher",
+    )
+
+
+def _from_slurm(env: dict[str, str]) -> DistEnv | None:
+    from hpc.slurm_env import SlurmEnv
+
+    se = SlurmEnv.from_environ(env)
+    if not (se.in_slurm and se.in_step):
+        return None
+    host, port = se.rendezvous(se.het_group)
+    return DistEnv(rank=se.group_rank, local_rank=se.local_rank, world_size=se.group_size,
+                   master_addr=host, master_port=port, source="slurm")
+
+
+def resolve(environ: dict[str, str] | None = None, *, default_port: int = 29500) -> DistEnv:
+    env = dict(os.environ if environ is None else environ)
+    found = _from_launcher(env) or _from_slurm(env)
+    if found is not None:
+        return found
+    return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1",
+                   master_port=int(env.get("MASTER_PORT", default_port)), source="single")

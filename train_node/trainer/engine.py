@@ -1,0 +1,183 @@
+"""The DeepSpeed engine: configuration from ``run.yaml``, one optimizer step over packed micro-batches.
+
+Guarantees:
+- One ``train_step`` = one optimizer update, whatever the number of micro-batches: DeepSpeed runs with
+  ``managed_gradient_accumulation: false`` (backward only accumulates, ``step()`` is the boundary), so
+  the micro-batch count may differ from step to step (token-based packing).
+- Gradients equal those of the token-mean loss over the whole step: each micro-batch loss is divided
+  by the step's global loss-token count (all-reduced) and multiplied by the world size, which undoes
+  DeepSpeed's data-parallel gradient averaging.
+- The optimizer is a client ``torch.optim.AdamW`` (no JIT build of DeepSpeed's fused Adam) and the
+  schedule a client ``LambdaLR`` (linear warm-up, then constant); both are saved in checkpoints.
+- CPU (tests, demo): gloo, fp32; GPU: NCCL, bf16. fp16 is refused by the config already.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from hpc.config import AlgorithmConfig, TrainerConfig
+from train_node.trainer.dist_env import DistEnv
+from train_node.trainer.faults import fault_point
+from train_node.trainer.loss import LossParams, LossSums, policy_loss, token_logprobs
+from train_node.trainer.packing import MicroBatch
+
+
+def ds_config(tcfg: TrainerConfig, *, load_universal: bool = False) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": tcfg.grad_clip,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": tcfg.zero_stage},
+        "checkpoint": {"load_universal": load_universal},
+    }
+    if tcfg.zero_stage == 3:
+        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    if tcfg.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def init_distributed(env: DistEnv) -> str:
+    """Start torch.distributed through DeepSpeed; returns the backend (nccl on GPUs, gloo on CPU)."""
+    env.export()
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import deepspeed
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not tdist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+    return backend
+
+
+def load_model(model_dir: str | Path, precision: str, activation_checkpointing: bool) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model
+
+
+@dataclass
+class StepResult:
+    sums: LossSums
+    grad_norm: float
+    lr: float
+    tokens: int
+    seconds: float
+
+
+class Engine:
+    """A DeepSpeed engine with the GRPO step; every rank calls every method (they are collectives)."""
+
+    def __init__(self, model: torch.nn.Module, tcfg: TrainerConfig, acfg: AlgorithmConfig, *,
+                 load_universal: bool = False, ref_model: torch.nn.Module | None = None,
+                 advantage_sign: float = 1.0) -> None:
+        import deepspeed
+
+        self.tcfg = tcfg
+        self.params = LossParams(clip_low=acfg.clip_low, clip_high=acfg.clip_high, tis_cap=acfg.tis_cap,
+                                 kl_coef=acfg.kl_coef, advantage_sign=advantage_sign)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+        warmup = tcfg.warmup_steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=schedule,
+            config=ds_config(tcfg, load_universal=load_universal))
+        self.world = tdist.get_world_size()
+        self.rank = tdist.get_rank()
+        self.device = self.ds.device
+        self.ref_model = ref_model.to(self.device).eval() if ref_model is not None else None
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.ds.module  # type: ignore[no-any-return]
+
+    def _tensors(self, mb: MicroBatch) -> dict[str, torch.Tensor]:
+        arrays = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "targets": mb.targets,
+                  "mask": mb.mask, "behaviour": mb.behaviour_logprobs, "adv": mb.advantages,
+                  "inv_t": mb.inv_temperature}
+        return {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
+
+    def logprobs(self, module: torch.nn.Module, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-position logprob of the next token at the sampling temperature (packed, no attention mask)."""
+        out = module(input_ids=t["input_ids"].unsqueeze(0), position_ids=t["position_ids"].unsqueeze(0),
+                     use_cache=False)
+        return token_logprobs(out.logits[0], t["targets"], t["inv_t"])
+
+    def global_loss_tokens(self, micro_batches: list[MicroBatch]) -> float:
+        local = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro_batches))], device=self.device)
+        tdist.all_reduce(local)
+        return float(local.item())
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> StepResult:
+        """Forward/backward every micro-batch, then one optimizer step; stats are summed over ranks."""
+        t0 = time.perf_counter()
+        total = self.global_loss_tokens(micro_batches)
+        assert total > 0, "the planner never emits a step without loss tokens"
+        sums = LossSums()
+        self.ds.train()
+        for mb in micro_batches:
+            t = self._tensors(mb)
+            logp = self.logprobs(self.ds, t)
+            ref = self._ref_logprobs(t)
+            loss, s = policy_loss(logp, t["behaviour"], t["adv"], t["mask"], params=self.params,
+                                  total_tokens=total, ref_logp=ref)
+            self.ds.backward(loss * self.world, scale_wrt_gas=False)
+            sums.add(s)
+        fault_point("step")
+        self.ds.step()
+        summed = self._all_reduce_sums(sums)
+        grad_norm = self.ds.get_global_grad_norm()
+        return StepResult(sums=summed, grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                          lr=float(self.scheduler.get_last_lr()[0]), tokens=sum(mb.num_tokens for mb in micro_batches),
+                          seconds=time.perf_counter() - t0)
+
+    def _ref_logprobs(self, t: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        if self.ref_model is None or self.params.kl_coef <= 0:
+            return None
+        with torch.no_grad():
+            return self.logprobs(self.ref_model, t)
+
+    def _all_reduce_sums(self, sums: LossSums) -> LossSums:
+        t = sums.as_tensor().to(self.device)
+        tdist.all_reduce(t)
+        return LossSums.from_tensor(t.cpu())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full-precision-as-trained weights on CPU, on rank 0 only (a collective under ZeRO-3)."""
+        if self.tcfg.zero_stage == 3:
+            sd = self.ds._zero3_consolidated_16bit_state_dict()
+            return {k: v.detach().cpu().clone() for k, v in sd.items()} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def save(self, save_dir: Path, client_state: dict[str, Any]) -> None:
+        state = dict(client_state)
+        # ds_to_universal needs this marker for ZeRO-1/2 checkpoints (2 -> 1 rank resume)
+        state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
+        self.ds.save_checkpoint(str(save_dir), tag="state", client_state=state)
+
+    def load(self, load_dir: Path, tag: str) -> dict[str, Any]:
+        path, client_state = self.ds.load_checkpoint(str(load_dir), tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint under {load_dir} (tag {tag})")
+        return dict(client_state or {})

@@ -1,0 +1,310 @@
+"""The train loop: one table of contents of named steps, run by every rank of the train group.
+
+Rank 0 owns everything that touches the spool (feeder, consumer, batch source), publishing and
+metrics; each step it broadcasts a small control message (train these micro-batches / idle /
+stop) so all ranks run the same collectives. Order of operations per optimizer step:
+
+    feed tasks -> get batch (prefetched) -> plan + broadcast micro-batches -> train step
+    -> mark trained -> publish (every N) -> metrics -> checkpoint + spool commit (every K)
+
+Resume (:meth:`Trainer.setup`): the newest checkpoint's engine state, RNG states and trainer state
+are restored; the spool is fenced (a stale predecessor can no longer commit) and ``recover`` commits
+the shards that checkpoint covers and returns every other claimed shard to ready.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from hpc.config import RunConfig
+from hpc.metrics import MetricsWriter
+from hpc.paths import RunPaths
+from hpc.spool import Spool
+from train_node.trainer import checkpoint as ckpt
+from train_node.trainer import signals
+from train_node.trainer.consumer import Batch, Consumer, ConsumerState
+from train_node.trainer.dist_env import DistEnv, resolve
+from train_node.trainer.engine import Engine, StepResult, init_distributed, load_model
+from train_node.trainer.feeder import Feeder
+from train_node.trainer.packing import plan_step
+from train_node.trainer.publish import Publisher, latest_version
+from train_node.trainer.source import BatchSource
+
+CONSUMER_ID = "trainer"
+
+
+@dataclass
+class Options:
+    """Knobs that are not part of run.yaml: test hooks and in-process use."""
+
+    advantage_sign: float = 1.0
+    instance_ids: list[str] | None = None  # feed these tasks (None: no feeder)
+    idle_timeout_s: float = 0.5  # one wait for data before the loop re-checks stop conditions
+    max_idle_s: float | None = None  # give up (exit 0) after this long without data; None = wait forever
+    process_name: str = "trainer"
+
+
+@dataclass
+class Counters:
+    started: float = field(default_factory=time.perf_counter)
+    idle_s: float = 0.0
+    tokens: int = 0
+    last_data: float = field(default_factory=time.monotonic)
+
+
+class Trainer:
+    def __init__(self, run_dir: str | Path, config: RunConfig, options: Options | None = None,
+                 dist: DistEnv | None = None) -> None:
+        self.paths = RunPaths(Path(run_dir))
+        self.cfg = config
+        self.opt = options or Options()
+        self.dist = dist or resolve()
+        self.stop = signals.StopFlag()
+        self.step = 0
+        self.counters = Counters()
+        self.rank = 0
+        self.world = 1
+        self.exit_code = 0
+
+    # ================================================================== setup
+    def setup(self) -> None:
+        init_distributed(self.dist)
+        self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
+        meta = self._latest_meta()
+        self.engine = self._build_engine(meta)
+        if meta is not None:
+            ckpt.load(self.engine, self.paths, meta["tag"], universal=self._needs_universal(meta))
+            self.step = int(meta["step"])
+        if self.rank == 0:
+            self._setup_rank0(meta)
+        self._publish_initial()
+
+    def _latest_meta(self) -> dict[str, Any] | None:
+        box: list[Any] = [None]
+        if self.rank == 0:
+            ckpt.clean_temporaries(self.paths)
+            tag = ckpt.latest_tag(self.paths)
+            if tag is not None:
+                box[0] = dict(ckpt.read_meta(self.paths, tag), tag=tag)
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _needs_universal(self, meta: dict[str, Any]) -> bool:
+        return int(meta.get("world_size", self.world)) != self.world and int(meta.get("zero_stage", 0)) > 0
+
+    def model_dir(self) -> Path:
+        p = self.cfg.model.path
+        return self.paths.model if p == "tiny" else Path(p)
+
+    def tokenizer_dir(self) -> Path:
+        return Path(self.cfg.model.tokenizer_path) if self.cfg.model.tokenizer_path else self.model_dir()
+
+    def _build_engine(self, meta: dict[str, Any] | None) -> Engine:
+        t = self.cfg.trainer
+        model = load_model(self.model_dir(), t.precision, t.activation_checkpointing)
+        ref = None
+        if self.cfg.algorithm.kl_coef > 0:
+            ref = load_model(self.model_dir(), t.precision, False).requires_grad_(False)
+        universal = meta is not None and self._needs_universal(meta)
+        return Engine(model, t, self.cfg.algorithm, load_universal=universal, ref_model=ref,
+                      advantage_sign=self.opt.advantage_sign)
+
+    def _setup_rank0(self, meta: dict[str, Any] | None) -> None:
+        self.spool = Spool(self.paths.root, self.cfg.spool)
+        self.generation = self.spool.fence(CONSUMER_ID)
+        self.recovered = self.spool.recover(CONSUMER_ID, meta["shards"] if meta else [])
+        state = ConsumerState.from_json(meta["trainer_state"]["consumer"]) if meta else None
+        self.consumer = Consumer(self.spool, CONSUMER_ID, self.cfg.algorithm, max_seq_len=self.cfg.trainer.max_seq_len,
+                                 state=state)
+        self.feeder = self._make_feeder(meta)
+        from transformers import AutoConfig
+
+        self.publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
+                                   self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies)
+        self.metrics = MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}")
+        self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, lambda: self.publisher.version,
+                                  prefetch=self.cfg.trainer.prefetch, poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s),
+                                  draining=self._draining)
+        self.metrics.log("trainer_start", step=self.step, generation=self.generation, recovered=self.recovered,
+                         world_size=self.world, resumed_from=meta["tag"] if meta else None)
+
+    def _make_feeder(self, meta: dict[str, Any] | None) -> Feeder | None:
+        if not self.opt.instance_ids:
+            return None
+        f = Feeder(list(self.opt.instance_ids), self.cfg.tasks.epochs, self.cfg.tasks.shuffle_seed,
+                   self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding)
+        if meta:
+            f.restore(meta["trainer_state"].get("feeder", {}))
+        return f
+
+    def _publish_initial(self) -> None:
+        need = torch.tensor([1 if self.rank == 0 and latest_version(self.paths) is None else 0])
+        tdist.broadcast(need, src=0)
+        if int(need.item()):
+            self.publish(wait=True)
+
+    # ================================================================== the loop
+    def run(self) -> int:
+        previous = signals.install(self.stop)
+        try:
+            while self.iterate() != "stop":
+                pass
+        finally:
+            signals.restore(previous)
+            self.close()
+        return self.exit_code
+
+    def iterate(self) -> str:
+        """One decision and its action on every rank; returns the command ('train', 'idle', 'stop')."""
+        msg = self._next_message()
+        if msg["cmd"] == "stop":
+            self._finish(msg)
+        elif msg["cmd"] == "train":
+            self.train_step(msg)
+        return str(msg["cmd"])
+
+    def _next_message(self) -> dict[str, Any]:
+        """Rank 0 decides what every rank does next; the others receive it."""
+        box: list[Any] = [self._decide() if self.rank == 0 else None]
+        tdist.broadcast_object_list(box, src=0)
+        return dict(box[0])
+
+    def _decide(self) -> dict[str, Any]:
+        reason = self._stop_reason()
+        if reason:
+            final = self.step > 0 and ckpt.latest_tag(self.paths) != ckpt.tag_for(self.step)
+            return {"cmd": "stop", "reason": reason, "checkpoint": final}
+        if self.feeder is not None:
+            with self.consumer.lock:
+                self.feeder.top_up(self.spool, self.consumer.state.tasks_resolved, self.publisher.version)
+        batch, waited = self.source.get(self.opt.idle_timeout_s)
+        self.counters.idle_s += waited
+        if batch is None:
+            return {"cmd": "idle"}
+        self.counters.last_data = time.monotonic()
+        plan = plan_step(batch.samples, self.world, self.cfg.trainer.micro_batch_tokens)
+        self._pending = (batch, plan, waited)
+        return {"cmd": "train", "per_rank": plan.per_rank}
+
+    def _stop_reason(self) -> str:
+        if self.stop.is_set():
+            return f"signal:{self.stop.signal_name}"
+        if self.step >= self.cfg.trainer.total_steps:
+            return "total_steps"
+        if self.feeder is not None and self.feeder.exhausted and \
+                self.consumer.state.tasks_resolved >= self.feeder.total:
+            return "dataset_done"
+        if self._draining() and self._drained():
+            return "drained"
+        if self.opt.max_idle_s is not None and time.monotonic() - self.counters.last_data > self.opt.max_idle_s:
+            return "idle_timeout"
+        return ""
+
+    def _draining(self) -> bool:
+        return self.paths.stop_marker.exists()
+
+    def _drained(self) -> bool:
+        with self.consumer.lock:
+            buffered = self.consumer.complete_groups()
+        return buffered == 0 and self.spool.pending_work() == 0 and self.source._ready is None
+
+    # ================================================================== one step
+    def train_step(self, msg: dict[str, Any]) -> StepResult:
+        result = self.engine.train_step(msg["per_rank"][self.rank])
+        self.step += 1
+        self.counters.tokens += result.tokens
+        published = None
+        if self.rank == 0:
+            batch, plan, waited = self._pending
+            with self.consumer.lock:
+                self.consumer.mark_trained(batch, self.step)
+        if self.step % self.cfg.trainer.publish_every == 0:
+            published = self.publish()
+        if self.rank == 0:
+            self._log_step(result, batch, plan, waited, published)
+        if self.step % self.cfg.trainer.checkpoint_every == 0:
+            self.checkpoint()
+        return result
+
+    def publish(self, *, wait: bool = False) -> Any:
+        """Collective (ZeRO-3 gathers); rank 0 hands the weights to the background writer."""
+        t0 = time.perf_counter()
+        sd = self.engine.full_state_dict()
+        if self.rank != 0:
+            return None
+        assert sd is not None
+        stats = self.publisher.publish(sd, copy_s=time.perf_counter() - t0)
+        if wait:
+            self.publisher.wait()
+        return stats
+
+    def _log_step(self, r: StepResult, batch: Batch, plan: Any, waited: float, published: Any) -> None:
+        s = r.sums
+        rewards = batch.rewards
+        wall = time.perf_counter() - self.counters.started
+        self.metrics.log(
+            "train_step", step=self.step, loss=s.loss / max(s.tokens, 1), loss_tokens=s.tokens,
+            reward_mean=sum(rewards) / len(rewards), pass_rate=sum(x >= 1.0 for x in rewards) / len(rewards),
+            clip_fraction=s.clipped / max(s.tokens, 1), kl=s.kl / max(s.tokens, 1),
+            ratio_dev=s.ratio_dev / max(s.tokens, 1), grad_norm=r.grad_norm, lr=r.lr,
+            step_s=r.seconds, tokens=plan.total_tokens, tokens_per_s=plan.total_tokens / max(r.seconds, 1e-9),
+            packing_efficiency=plan.packing_efficiency, micro_batches=len(plan.per_rank[0]),
+            groups=len(batch.groups), samples=len(batch.samples),
+            staleness_hist=dict(sorted(collections.Counter(batch.staleness).items())),
+            drops=dict(self.consumer.drops), wait_s=waited,
+            idle_fraction=self.counters.idle_s / max(wall, 1e-9), policy_version=self.publisher.version,
+            publish=vars(published) if published is not None else None,
+        )
+
+    # ================================================================== checkpoint
+    def checkpoint(self) -> None:
+        """Collective. Engine state + trainer state; LATEST flips; then (rank 0) the spool commit."""
+        t0 = time.perf_counter()
+        meta: dict[str, Any] = {}
+        ledger: list[dict[str, Any]] = []
+        covered: list[str] = []
+        if self.rank == 0:
+            with self.consumer.lock:
+                ledger, covered, state = self.consumer.take_checkpoint_delta()
+            meta = self._meta(covered, state)
+        ckpt.save(self.engine, self.paths, self.step, meta, ledger)
+        if self.rank == 0:
+            from train_node.trainer.faults import fault_point
+
+            fault_point("after_checkpoint")
+            committed = self.spool.commit(CONSUMER_ID, covered)
+            ckpt.retain(self.paths, self.cfg.trainer.keep_checkpoints)
+            self.metrics.log("checkpoint", step=self.step, seconds=time.perf_counter() - t0, shards=len(covered),
+                             committed=committed, ledger=len(ledger))
+
+    def _meta(self, covered: list[str], state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "step": self.step, "policy_version": self.publisher.version, "parent": ckpt.latest_tag(self.paths),
+            "shards": covered, "fence_generation": self.generation, "world_size": self.world,
+            "zero_stage": self.cfg.trainer.zero_stage, "precision": self.cfg.trainer.precision,
+            "trainer_state": {"consumer": state, "feeder": self.feeder.to_json() if self.feeder else {}},
+            "t": time.time(),
+        }
+
+    def _finish(self, msg: dict[str, Any]) -> None:
+        reason = msg["reason"]
+        if msg["checkpoint"]:
+            self.checkpoint()
+        if reason.startswith("signal:"):
+            self.exit_code = signals.EXIT_REQUEUE
+        if self.rank == 0:
+            self.metrics.log("trainer_stop", step=self.step, reason=reason, exit_code=self.exit_code,
+                             idle_fraction=self.counters.idle_s / max(time.perf_counter() - self.counters.started, 1e-9))
+
+    def close(self) -> None:
+        if self.rank == 0 and hasattr(self, "source"):
+            self.source.close()
+            self.publisher.close()
+            self.metrics.close()

@@ -1,0 +1,166 @@
+"""Publishing policy weights for the inference servers: ``RUN/policy/vNNNNNN/`` + ``RUN/policy/LATEST``.
+
+Guarantees:
+- A version directory appears complete or not at all: files go into a dot-prefixed temporary
+  sibling, are fsynced, and the directory is renamed into place. ``LATEST`` (the single source of
+  truth for the current version) is written atomically, after the rename.
+- Versions only grow: a new publisher starts at (highest version directory or LATEST) + 1, so a
+  crash between rename and LATEST wastes a number instead of reusing it.
+- Weights only: HF ``model.safetensors`` (tied weights stored once), ``config.json``, and the
+  tokenizer files copied from the model's tokenizer directory. Loads with ``from_pretrained``.
+- Writing happens on a background thread; ``publish`` returns once the weights are copied to CPU.
+  At most one write is in flight: a second ``publish`` waits for the first (reported as
+  ``wait_s``), so memory stays bounded at one CPU copy of the weights.
+- Retention keeps the newest ``keep`` versions; the one LATEST names is never removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpc.fsutil import atomic_write_text, fsync_dir, tmp_name
+from hpc.paths import RunPaths
+from train_node.trainer.faults import fault_point
+
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
+
+
+def published_versions(paths: RunPaths) -> list[int]:
+    if not paths.policy.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in paths.policy.iterdir() if (m := _VERSION_DIR.match(p.name)))
+
+
+def latest_version(paths: RunPaths) -> int | None:
+    try:
+        return int(paths.policy_latest.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def next_version(paths: RunPaths) -> int:
+    candidates = published_versions(paths) + [latest_version(paths) or -1]
+    return max(candidates, default=-1) + 1
+
+
+def clean_temporaries(paths: RunPaths) -> None:
+    """Remove half-written version directories a crashed publisher left behind."""
+    if paths.policy.is_dir():
+        for p in paths.policy.glob(".tmp-v*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_policy_dir(target: Path, state_dict: dict[str, torch.Tensor], config: Any, tokenizer_dir: Path | None) -> None:
+    """Write one complete version directory at ``target`` (temporary dir + rename)."""
+    from safetensors.torch import save_file
+
+    tmp = tmp_name(target)
+    tmp.mkdir(parents=True)
+    tensors = _untie(state_dict, config)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    fault_point("publish")
+    config.save_pretrained(str(tmp))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, tmp / name)
+    for f in tmp.iterdir():
+        with open(f, "rb+") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    tmp.rename(target)
+    fsync_dir(target.parent)
+
+
+def _untie(state_dict: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storage; HF re-ties ``lm_head`` from the embedding on load."""
+    out = {k: v.contiguous() for k, v in state_dict.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)
+    return out
+
+
+@dataclass
+class PublishStats:
+    version: int
+    copy_s: float
+    wait_s: float
+    write_s: float = 0.0
+
+
+@dataclass
+class Publisher:
+    """Rank-0 object; ``publish`` after a step, ``close`` at the end (waits for the last write)."""
+
+    paths: RunPaths
+    config: Any  # the HF model config
+    tokenizer_dir: Path | None
+    keep: int = 3
+    background: bool = True
+    version: int = field(init=False)
+    _thread: threading.Thread | None = field(init=False, default=None)
+    _error: BaseException | None = field(init=False, default=None)
+    last: PublishStats | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.paths.policy.mkdir(parents=True, exist_ok=True)
+        clean_temporaries(self.paths)
+        self.version = next_version(self.paths) - 1  # the last number used; publish() takes the next
+
+    def publish(self, state_dict: dict[str, torch.Tensor], copy_s: float = 0.0) -> PublishStats:
+        t0 = time.perf_counter()
+        self.wait()
+        self.version += 1
+        stats = PublishStats(version=self.version, copy_s=copy_s, wait_s=time.perf_counter() - t0)
+        if self.background:
+            self._thread = threading.Thread(target=self._run, args=(self.version, state_dict, stats),
+                                            name=f"publish-v{self.version}", daemon=True)
+            self._thread.start()
+        else:
+            self._run(self.version, state_dict, stats)
+            self._raise()
+        self.last = stats
+        return stats
+
+    def _run(self, version: int, state_dict: dict[str, torch.Tensor], stats: PublishStats) -> None:
+        t0 = time.perf_counter()
+        try:
+            target = self.paths.policy_version(version)
+            if target.exists():  # a leftover from a crash after rename but before LATEST
+                shutil.rmtree(target)
+            write_policy_dir(target, state_dict, self.config, self.tokenizer_dir)
+            atomic_write_text(self.paths.policy_latest, f"{version}\n")
+            self._retain(version)
+        except BaseException as exc:  # surfaced on the main thread by wait()
+            self._error = exc
+        stats.write_s = time.perf_counter() - t0
+
+    def _retain(self, current: int) -> None:
+        for v in published_versions(self.paths):
+            if v <= current - self.keep:
+                shutil.rmtree(self.paths.policy_version(v), ignore_errors=True)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def close(self) -> None:
+        self.wait()
