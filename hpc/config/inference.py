@@ -13,8 +13,8 @@ class InferenceConfig:
 
     engine: Literal["cpu", "vllm"] = knob("cpu", doc="'cpu': transformers engine (spoolrl serve); 'vllm': vLLM")
     tensor_parallel: int = knob(1, doc="GPUs per vLLM server; servers per node = GPUs / tensor_parallel", min=1)
-    port_base: int = knob(0, doc="first port of a node's servers (0 = derived from the job id)", min=0, max=65000,
-                          resumable=True)
+    port_base: int = knob(0, doc="first TCP port of a node's servers, server i uses port_base + i (0 = any free "
+                          "port; the endpoint file says which)", min=0, max=65000, resumable=True)
     interface: str = knob("", doc="network interface whose address is advertised ('' = hostname)", resumable=True)
     vllm_python: str = knob("python3", doc="interpreter of the environment that has vllm installed", resumable=True)
     vllm_args: list[str] = knob(factory=list, doc="extra arguments for the vLLM server", resumable=True)
@@ -25,3 +25,24 @@ class InferenceConfig:
                             resumable=True)
     max_concurrent_per_server: int = knob(16, doc="in-flight requests per server from one client", min=1,
                                           resumable=True)
+    num_cpu_servers: int = knob(1, doc="engine 'cpu': CPU engine servers per inference node", min=1, max=64,
+                                resumable=True)
+    cpu_threads: int = knob(0, doc="engine 'cpu': torch threads per server (0 = the node's CPUs / num_cpu_servers)",
+                            min=0, resumable=True)
+    cpu_max_batch: int = knob(32, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
+                              resumable=True)
+    dtype: Literal["auto", "float32", "bfloat16"] = knob(
+        "auto", doc="weights dtype ('auto': float32 on the CPU engine, the checkpoint's dtype on vLLM)")
+    max_model_len: int = knob(0, doc="context limit in tokens (0 = the model's max_position_embeddings)", min=0)
+    require_auth_all: bool = knob(False, doc="also require the run secret (Authorization: Bearer) for "
+                                  "/v1/completions, /v1/models and /weight_info; weight changes always need it",
+                                  resumable=True)
+    heartbeat_s: float = knob(2.0, doc="seconds between health checks + heartbeat updates of endpoint files",
+                              min=0.1, resumable=True)
+    policy_poll_s: float = knob(1.0, doc="seconds between checks of RUN/policy/LATEST", min=0.1, resumable=True)
+    server_start_timeout_s: float = knob(900.0, doc="a server not healthy this long after its start is restarted",
+                                         min=1.0, resumable=True)
+    max_restarts: int = knob(5, doc="restarts of one server in a row without becoming healthy before the node "
+                             "gives up (exits non-zero)", min=0, resumable=True)
+    vllm_cpu_kvcache_gb: float = knob(1.0, doc="vLLM on CPU (no GPUs): KV cache size (VLLM_CPU_KVCACHE_SPACE)",
+                                      min=0.1, resumable=True)

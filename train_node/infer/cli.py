@@ -71,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _tiny(args: argparse.Namespace) -> int:
-    from train_node.infer.tiny_model import MARKER, build_tiny_model
+    from train_node.infer.tiny import MARKER, build_tiny_model
 
     out = build_tiny_model(args.dir, seed=args.seed, vocab_size=args.vocab_size)
     info = json.loads((out / MARKER).read_text())

@@ -54,10 +54,10 @@ def make_server(handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1
 
 
 def server_url(server: socketserver.BaseServer, host: str) -> str:
-    """The URL a client on this host uses (``unix:PATH`` for a Unix socket)."""
+    """The URL a client on this host uses (``unix:///abs/path.sock`` for a Unix socket)."""
     addr: Any = server.server_address
     if isinstance(addr, (str, bytes)):
-        return f"unix:{addr if isinstance(addr, str) else addr.decode()}"
+        return f"unix://{os.path.abspath(addr if isinstance(addr, str) else addr.decode())}"
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
     return f"http://{shown}:{addr[1]}"
 

@@ -54,14 +54,14 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class Upstream:
-    """An HTTP server at ``unix:PATH`` or ``http://host:port``; one connection per call."""
+    """An HTTP server at ``unix:///abs/path.sock`` or ``http://host:port``; one connection per call."""
 
     def __init__(self, url: str) -> None:
         self.url = url
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
         if self.url.startswith("unix:"):
-            return _UnixConnection(self.url[len("unix:"):], timeout)
+            return _UnixConnection("/" + self.url[len("unix:"):].lstrip("/"), timeout)
         hostport = self.url.split("://", 1)[-1].rstrip("/")
         return http.client.HTTPConnection(hostport, timeout=timeout)
 

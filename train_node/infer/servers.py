@@ -1,0 +1,245 @@
+"""Handles on one inference server process each: the CPU engine or vLLM behind its proxy (torch-free).
+
+Both handles expose the same small surface to the node supervisor: ``start(model, version)``,
+``alive()``, ``healthy()``, ``url``, ``reload(path, version)``, ``stop()``.
+
+Guarantees:
+- Each server runs in its own session (process group); ``stop`` sends SIGTERM to the whole group,
+  then SIGKILL after a grace period, so no worker process outlives its handle.
+- vLLM listens only on a Unix socket inside a fresh 0700 directory on node-local scratch, so the
+  authenticating proxy (which this handle runs in-process) is the only way to reach it. Its
+  development endpoints (``VLLM_SERVER_DEV_MODE=1``) are therefore reachable only with the secret.
+- ``healthy()`` is True only after the model loaded (and, for vLLM, after the weights got their
+  integer version label); ``url`` is the advertised address clients should use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from hpc.fsutil import read_json
+from hpc.paths import node_scratch
+from train_node.infer.httpbase import make_server
+from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
+
+SERVED_MODEL_NAME = "policy"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """Everything one server needs besides the weights."""
+
+    index: int
+    bind_host: str
+    advertise_host: str
+    port: int  # 0 = any free port
+    secret_file: Path
+    log_path: Path
+    require_auth_all: bool = False
+    request_timeout_s: float = 3600.0
+    dtype: str = "auto"
+    max_model_len: int = 0
+    # cpu engine
+    threads: int = 0
+    max_batch: int = 32
+    # vllm
+    vllm_python: str = "python3"
+    vllm_args: tuple[str, ...] = ()
+    tensor_parallel: int = 1
+    gpus: tuple[str, ...] = ()
+    cpu_kvcache_gb: float = 1.0
+
+
+class _Process:
+    """A child process in its own session, logging to a file."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def spawn(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self._log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        elif self.proc is not None:
+            _signal_group(self.proc.pid, signal.SIGKILL)  # the leader died; reap any orphaned workers
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _private_dir(prefix: str) -> Path:
+    """A fresh 0700 directory on node-local scratch, short enough for a Unix socket path."""
+    base = node_scratch()
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    if len(str(path / "vllm.sock")) > 100:  # sun_path holds 108 bytes
+        shutil.rmtree(path, ignore_errors=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    return path
+
+
+class CpuServer:
+    """``spoolrl serve`` in a child process (TCP on the bind host)."""
+
+    engine = "cpu"
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self._proc = _Process()
+        self._dir: Path | None = None
+        self._local_url: str | None = None
+
+    def start(self, model: Path, version: int) -> None:
+        self._dir = _private_dir("spoolrl-cpu-")
+        s = self.spec
+        cmd = [sys.executable, "-m", "hpc.cli", "serve", "--model", str(model), "--host", s.bind_host,
+               "--port", str(s.port), "--version", str(version), "--served-model-name", SERVED_MODEL_NAME,
+               "--dtype", "float32" if s.dtype == "auto" else s.dtype, "--threads", str(s.threads),
+               "--max-batch", str(s.max_batch), "--secret-file", str(s.secret_file),
+               "--ready-file", str(self._dir / "ready.json")]
+        if s.require_auth_all:
+            cmd.append("--require-auth-all")
+        self._local_url = None
+        self._proc.spawn(cmd, dict(os.environ), s.log_path)
+
+    def alive(self) -> bool:
+        return self._proc.alive()
+
+    def healthy(self) -> bool:
+        if self._local_url is None:
+            ready = self._dir / "ready.json" if self._dir else None
+            if ready is None or not ready.exists():
+                return False
+            self._local_url = str(read_json(ready)["url"])
+        return Upstream(self._local_url).healthy()
+
+    @property
+    def url(self) -> str | None:
+        if self._local_url is None:
+            return None
+        port = self._local_url.rsplit(":", 1)[1]
+        return f"http://{self.spec.advertise_host}:{port}"
+
+    def reload(self, path: Path, version: int) -> None:
+        assert self._local_url is not None
+        secret = self.spec.secret_file.read_text().strip()
+        up = Upstream(self._local_url)
+        status, data = up.call("POST", "/reload", {"path": str(path), "version": version},
+                               timeout=self.spec.request_timeout_s, headers={"Authorization": f"Bearer {secret}"})
+        if status != 200:
+            raise RuntimeError(f"reload to version {version} failed ({status}): {data[:300]!r}")
+
+    def stop(self) -> None:
+        self._proc.stop()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class VllmServer:
+    """A vLLM OpenAI server on a private Unix socket + this process's authenticating proxy on TCP."""
+
+    engine = "vllm"
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self._proc = _Process()
+        self._dir: Path | None = None
+        self._proxy: VllmProxy | None = None
+        self._http: Any = None
+
+    def command(self, model: Path, sock: Path) -> list[str]:
+        s = self.spec
+        cmd = [s.vllm_python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model),
+               "--served-model-name", SERVED_MODEL_NAME, "--uds", str(sock), "--generation-config", "vllm",
+               "--enable-scale-out", "--max-logprobs", "20", "--tensor-parallel-size", str(s.tensor_parallel)]
+        if s.dtype != "auto":
+            cmd += ["--dtype", s.dtype]
+        if s.max_model_len:
+            cmd += ["--max-model-len", str(s.max_model_len)]
+        if not s.gpus and "--enforce-eager" not in s.vllm_args:
+            cmd.append("--enforce-eager")  # on CPU compiling costs 20+ s of start and gains nothing
+        return cmd + list(s.vllm_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        if self.spec.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.spec.gpus)
+        else:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.spec.cpu_kvcache_gb:g}")
+        return env
+
+    def start(self, model: Path, version: int) -> None:
+        self._dir = _private_dir("spoolrl-vllm-")
+        sock = self._dir / "vllm.sock"
+        secret = self.spec.secret_file.read_text().strip()
+        self._proxy = VllmProxy(Upstream(f"unix://{sock}"), secret=secret, version=version, path=str(model),
+                                served_model_name=SERVED_MODEL_NAME, require_auth_all=self.spec.require_auth_all,
+                                request_timeout_s=self.spec.request_timeout_s)
+        self._http = make_server(make_proxy_handler(self._proxy), host=self.spec.bind_host, port=self.spec.port)
+        threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        self._proc.spawn(self.command(model, sock), self.environment(), self.spec.log_path)
+
+    def alive(self) -> bool:
+        return self._proc.alive()
+
+    def healthy(self) -> bool:
+        proxy = self._proxy
+        if proxy is None:
+            return False
+        if not proxy.ready:
+            if not proxy.upstream.healthy():
+                return False
+            proxy.start()
+        return proxy.healthy()
+
+    @property
+    def url(self) -> str | None:
+        if self._http is None:
+            return None
+        return f"http://{self.spec.advertise_host}:{self._http.server_address[1]}"
+
+    def reload(self, path: Path, version: int) -> None:
+        assert self._proxy is not None
+        self._proxy.reload(str(path), version)
+
+    def stop(self) -> None:
+        self._proc.stop()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
