@@ -61,7 +61,8 @@ EVAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Runs inside the sandbox. pytest is imported BEFORE the tree joins sys.path, so the tree cannot
 # replace the runner; -I already dropped cwd, PYTHONPATH and user site-packages.
 RUNNER = ("import os, sys; import pytest; sys.path.insert(0, os.getcwd()); "
-          "sys.exit(pytest.main(['-rA', '-v', '-p', 'no:cacheprovider', '--color=no', '--tb=short', *sys.argv[1:]]))")
+          "sys.exit(pytest.main(['-rA', '-v', '-p', 'no:cacheprovider', '--color=no', '--tb=short', "
+          "'--continue-on-collection-errors', *sys.argv[1:]]))")
 
 
 class ExecResult(Protocol):

@@ -25,28 +25,49 @@ from collections.abc import Callable
 OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "MISSING")
 _PYTEST_STATUS = {"PASSED": "PASSED", "XFAIL": "PASSED", "FAILED": "FAILED", "XPASS": "FAILED",
                   "ERROR": "ERROR", "SKIPPED": "SKIPPED"}
-_PROGRESS = re.compile(r"^(?P<id>\S+::\S.*?) (?P<st>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?:\s+\[\s*\d+%\])?\s*$")
+_PROGRESS = re.compile(r"^(?P<id>\S+::\S.*?) (?P<st>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*\))?"
+                       r"(?:\s+\[\s*\d+%\])?\s*$")
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+\s*$")
-_SUMMARY_LINE = re.compile(r"^(?P<st>PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<id>\S.*?)(?: - .*)?\s*$")
+_SUMMARY_LINE = re.compile(r"^(?P<st>PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<rest>\S.*?)\s*$")
 _FINAL_LINE = re.compile(r"^=+ .*(passed|failed|error|skipped|no tests ran|xfailed|xpassed|deselected).* =+\s*$")
 
-_UT_STATUS = {"ok": "PASSED", "expected failure": "PASSED", "FAIL": "FAILED", "ERROR": "ERROR",
-              "unexpected success": "FAILED"}
+_UT_STATUS = {"expected failure": "PASSED", "unexpected success": "FAILED", "FAIL": "FAILED", "ERROR": "ERROR",
+              "ok": "PASSED"}  # longest first: results are matched as line suffixes
 _UT_START = re.compile(r"^(?P<name>\w+) \((?P<where>[\w.]+)\)")
 _UT_RESULT = re.compile(r" \.\.\. (?P<rest>.*)$")
 _UT_HEADER = re.compile(r"^(?P<st>FAIL|ERROR): (?P<name>\w+) \((?P<where>[\w.]+)\)")
 
 
 def parse_pytest(log: str) -> dict[str, str]:
-    """Outcomes from pytest output run with ``-rA`` (summary) and/or ``-v`` (progress lines)."""
+    """Outcomes from pytest output run with ``-rA`` (summary) and/or ``-v`` (progress lines).
+
+    With a summary, progress lines only add SKIPPED tests (the summary lists those without their
+    id); without one (a crash or a timeout) the progress lines are all there is.
+    """
     lines = log.splitlines()
+    summary = _pytest_summary(lines)
+    has_summary = any(_SUMMARY_HEADER.match(line) for line in lines)
     outcomes: dict[str, str] = {}
     for line in lines:
         m = _PROGRESS.match(line)
-        if m:
+        if m and (not has_summary or m["st"] == "SKIPPED"):
             outcomes[m["id"]] = _PYTEST_STATUS[m["st"]]
-    outcomes.update(_pytest_summary(lines))
+    outcomes.update(summary)
     return outcomes
+
+
+def _summary_id(rest: str) -> str:
+    """The test id at the start of a summary line's rest (``id - message``; ids may hold ``[a - b]``)."""
+    head = rest.split(" - ", 1)[0]
+    bracket = head.find("[")
+    if bracket < 0:
+        return head
+    depth = 0
+    for i in range(bracket, len(rest)):
+        depth += {"[": 1, "]": -1}.get(rest[i], 0)
+        if depth == 0:
+            return rest[: i + 1]
+    return rest
 
 
 def _pytest_summary(lines: list[str]) -> dict[str, str]:
@@ -59,10 +80,13 @@ def _pytest_summary(lines: list[str]) -> dict[str, str]:
         if _FINAL_LINE.match(line) or line.startswith("="):
             break
         m = _SUMMARY_LINE.match(line)
-        if m and "::" in m["id"]:
-            found[m["id"]] = _PYTEST_STATUS[m["st"]]
-        elif m and m["st"] == "ERROR":  # a file that failed to import: "ERROR tests/test_x.py - ImportError"
-            found[m["id"].split(" ")[0]] = "ERROR"
+        if not m:
+            continue
+        test_id = _summary_id(m["rest"])
+        if "::" in test_id:
+            found[test_id] = _PYTEST_STATUS[m["st"]]
+        elif m["st"] == "ERROR":  # a file that failed to import: "ERROR tests/test_x.py - ImportError"
+            found[test_id.split(" ")[0]] = "ERROR"
     return found
 
 
@@ -101,10 +125,17 @@ def parse_unittest(log: str) -> dict[str, str]:
 
 
 def _ut_status(text: str) -> str | None:
+    """The status a result text ends with; output the test printed may precede it (``noiseok``).
+
+    A wrongly read ``ok`` cannot hide a failure: the ``FAIL:``/``ERROR:`` report headers override.
+    """
     text = text.strip()
     if text.startswith("skipped"):
         return "SKIPPED"
-    return _UT_STATUS.get(text)
+    for word, status in _UT_STATUS.items():
+        if text.endswith(word):
+            return status
+    return None
 
 
 def unittest_import_errors(log: str) -> set[str]:
