@@ -58,7 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="spoolrl-tasks-check-") as tmp:
-        cache = _repo_cache(args, cfg, Path(tmp))
+        cache = _repo_cache(args, cfg, Path(tmp), {t.repo for t in tasks})
         scratch = args.scratch or Path(cfg.sandbox.scratch_dir or tmp)
         timeout = args.timeout_s or cfg.rollout.eval_timeout_s
 
@@ -76,9 +76,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _repo_cache(args: argparse.Namespace, cfg: Any, tmp: Path) -> Path:
+def _repo_cache(args: argparse.Namespace, cfg: Any, tmp: Path, repos: set[str]) -> Path:
     from hpc.errors import UsageError
     from rollout_node.tasks.builtin import ensure_builtin_repos
+    from rollout_node.tasks.repos import find_mirror
     cache = args.repo_cache or (Path(cfg.tasks.repo_cache) if cfg.tasks.repo_cache else None)
     if args.source == "builtin":
         cache = cache or tmp / "repos"
@@ -86,6 +87,8 @@ def _repo_cache(args: argparse.Namespace, cfg: Any, tmp: Path) -> Path:
     if cache is None:
         raise UsageError("give --repo-cache DIR (a mirror directory made by scripts/prepare_repos.py) "
                          "or set tasks.repo_cache")
+    for repo in sorted(repos):
+        find_mirror(cache, repo)  # a missing mirror is a usage error up front, not N harness errors
     return cache
 
 
