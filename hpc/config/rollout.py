@@ -27,3 +27,26 @@ class RolloutConfig:
     max_new_tokens_per_turn: int = knob(256, doc="tokens generated per turn", min=1)
     observation_max_tokens: int = knob(512, doc="tool output is truncated to this many tokens", min=8)
     max_staleness: int = knob(4, doc="cancel episodes whose oldest token is this many versions behind", min=0)
+    scripted_plan: str = knob(
+        "gold", doc="policy: scripted only: 'ACTION' or 'TASK_GLOB=A|B;...' (actions per attempt; see "
+        "rollout_node.pipeline.scripted): gold, empty, tamper_test, tamper_conftest, tamper_pth, hang, slow, crash, "
+        "inference_error",
+    )
+    drain_timeout_s: float = knob(
+        20.0, doc="after SIGUSR1/SIGTERM/STOP, in-flight groups may finish this long, then go back to the spool "
+        "(keep it below Slurm's KillWait, 30 s by default, for a bare SIGTERM)", min=0.0, resumable=True,
+    )
+    time_limit_margin_s: float = knob(
+        60.0, doc="stop claiming when the job's remaining time is below p95 group time + this margin", min=0.0,
+        resumable=True,
+    )
+    claim_lookahead: int = knob(
+        2, doc="tasks claimed ahead of INIT, so that tasks whose image is already cached on the node go first",
+        min=1, resumable=True,
+    )
+    scratch_per_episode_gb: float = knob(
+        1.0, doc="node-local scratch one episode may need (caps the default worker counts by free space)",
+        min=0.01, resumable=True,
+    )
+    metrics_interval_s: float = knob(10.0, doc="how often the node writes its metrics record", min=0.1,
+                                     resumable=True)

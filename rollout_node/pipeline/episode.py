@@ -1,0 +1,124 @@
+"""The units the pipeline moves: a :class:`Group` (one claimed task, ``group_size`` samples) and an
+:class:`Episode` (one attempt of one sample), plus the trajectory built from a finished episode.
+
+Guarantees: an episode's stage clock starts when a worker picks it up, never when it is queued
+(``enter``/``leave``), so timeouts count time inside a stage; ``abort`` is safe from any thread
+and idempotent; every trajectory of a group shares the task id and one group id.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpc.trajectory import Status, Trajectory
+from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
+
+
+@dataclass(eq=False)
+class Group:
+    """One claimed task and the results of its samples."""
+
+    lease: Any
+    task_id: str
+    task: Any
+    task_dict: dict[str, Any]
+    size: int
+    image: str
+    claimed_at: float = field(default_factory=time.monotonic)
+    results: dict[int, Trajectory] = field(default_factory=dict)
+    live: set[Episode] = field(default_factory=set)
+    closed: bool = False  # written or released: late reports are dropped
+    started: bool = False  # an episode of it entered INIT (a drain releases unstarted groups at once)
+    cancel: str | None = None
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task_id}:g"
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == self.size
+
+
+@dataclass(eq=False)
+class Episode:
+    """One attempt of one sample of a group, as it moves INIT -> RUN -> EVAL."""
+
+    group: Group
+    sample_index: int
+    attempt: int
+    seed: int
+    stage: str = "init_queue"
+    stage_t0: float = field(default_factory=time.monotonic)
+    workdir: Path | None = None
+    ctx: EpisodeContext | None = None
+    output: EpisodeOutput | None = None
+    transcript: Transcript = field(default_factory=Transcript)
+    diff: str = ""
+    abort_reason: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.group.task_id}-s{self.sample_index}-a{self.attempt}"
+
+    def enter(self, stage: str) -> None:
+        """A worker picked the episode up: the time queued is recorded, the stage clock starts."""
+        now = time.monotonic()
+        self.timings[f"{stage}_wait_s"] = round(now - self.stage_t0, 4)
+        self.stage, self.stage_t0 = stage, now
+
+    def leave(self, next_queue: str) -> float:
+        """The stage is over; returns its duration."""
+        now = time.monotonic()
+        spent = now - self.stage_t0
+        self.timings[f"{self.stage}_s"] = round(self.timings.get(f"{self.stage}_s", 0.0) + spent, 4)
+        self.stage, self.stage_t0 = next_queue, now
+        return spent
+
+    def in_stage_s(self) -> float:
+        return time.monotonic() - self.stage_t0
+
+    def abort(self, reason: str, *, hard: bool = True) -> None:
+        """Stop the episode from another thread: ask the policy to stop, and (hard) kill its sandbox."""
+        with self._lock:
+            if self.abort_reason is None:
+                self.abort_reason = reason
+            ctx = self.ctx
+        if ctx is None:
+            return
+        ctx.stop_reason = ctx.stop_reason or reason
+        ctx.stop_event.set()
+        if hard:
+            close = getattr(ctx.sandbox, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - closing a dying sandbox may fail; the worker cleans up
+                    pass
+
+    def trajectory(self, status: Status, reward: float | None) -> Trajectory:
+        """The record of this sample; infrastructure statuses never carry a reward."""
+        tr = self.transcript
+        out = self.output
+        if not status.trainable:
+            reward = None
+        return Trajectory(
+            trajectory_id=f"{self.group.task_id}:s{self.sample_index}:a{self.attempt}",
+            task_id=self.group.task_id, group_id=self.group.group_id, sample_index=self.sample_index,
+            token_ids=np.asarray(tr.token_ids, np.int32), loss_mask=np.asarray(tr.loss_mask, np.int8),
+            logprobs=np.asarray(tr.logprobs, np.float32), policy_versions=np.asarray(tr.policy_versions, np.int32), logprob_kind=out.logprob_kind if out else "raw",
+            reward=reward, status=status, timings=dict(self.timings),
+            metrics={**(out.metrics if out else {}), **self.metrics},
+            sampling={"seed": self.seed, **(out.sampling if out else {})},
+            attempt=self.attempt, prompt_len=tr.prompt_len,
+            task_version=int(self.group.task_dict.get("task_version", -1)),
+        )

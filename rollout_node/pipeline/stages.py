@@ -1,0 +1,145 @@
+"""The work of the three stages on one episode: INIT (work dir at base commit), RUN (the agent in
+a sandbox), EVAL (tests -> reward). The thread pools, queues and bookkeeping live in
+:mod:`rollout_node.pipeline.node`; this module only decides what one episode's stage produced.
+
+Guarantees: a stage never raises for an episode's failure: it returns a :class:`Fault` (the row
+of the fault table) or None; the sandbox of a RUN is closed and its work dir removed whatever
+happens; stage time is measured inside the stage (``Episode.enter``/``leave``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.config import RunConfig
+from hpc.trajectory import Status
+from rollout_node.pipeline.bindings import EvalOutcome, TaskOps
+from rollout_node.pipeline.episode import Episode
+from rollout_node.pipeline.faults import Fault, classify_run_error
+from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Policy
+
+_STATUS_FAULTS = {Status.SANDBOX_ERROR: Fault.SANDBOX_CRASH, Status.INFERENCE_ERROR: Fault.INFERENCE_ERROR,
+                  Status.NODE_ERROR: Fault.PIPELINE_BUG, Status.HARNESS_ERROR: Fault.PIPELINE_BUG}
+_ABORT_FAULTS = {"stale": Fault.STALE, "cancelled": Fault.TASK_CANCELLED, "drain": Fault.TASK_CANCELLED}
+
+
+@dataclass
+class StageResult:
+    fault: Fault | None = None
+    error: str = ""
+
+
+def remove_workdir(ep: Episode) -> None:
+    if ep.workdir is not None:
+        shutil.rmtree(ep.workdir, ignore_errors=True)
+
+
+class Stages:
+    """Stage bodies bound to one node's config, task ops, policy and scratch directory."""
+
+    def __init__(self, config: RunConfig, ops: TaskOps, policy: Policy, scratch: Path,
+                 policy_version: Callable[[], int]) -> None:
+        self.config = config
+        self.rollout = config.rollout
+        self.ops = ops
+        self.policy = policy
+        self.scratch = scratch
+        self.policy_version = policy_version
+
+    def init(self, ep: Episode) -> StageResult:
+        """Prepare the repository at base commit in a fresh node-local work dir."""
+        ep.workdir = self.scratch / "work" / ep.key
+        shutil.rmtree(ep.workdir, ignore_errors=True)
+        try:
+            self.ops.prepare(ep.group.task, ep.workdir)
+        except Exception as exc:  # noqa: BLE001 - any failure to prepare is an INIT failure
+            remove_workdir(ep)
+            return StageResult(Fault.INIT_FAILURE, f"{type(exc).__name__}: {exc}")
+        if ep.in_stage_s() > self.rollout.init_timeout_s:
+            remove_workdir(ep)
+            return StageResult(Fault.INIT_FAILURE, f"INIT took longer than init_timeout_s={self.rollout.init_timeout_s}")
+        return StageResult()
+
+    def run(self, ep: Episode) -> StageResult:
+        """The agent episode in a sandbox on the work dir, then the diff; the work dir is removed."""
+        assert ep.workdir is not None, "RUN needs the work dir INIT prepared"
+        error: BaseException | None = None
+        try:
+            with self.ops.open_sandbox(ep.workdir, ep.group.image) as sandbox:
+                ep.ctx = self._context(ep, sandbox)
+                if ep.abort_reason is None:
+                    ep.output = self.policy.run_episode(ep.ctx)
+        except Exception as exc:  # noqa: BLE001 - classified below; never escapes the stage
+            error = exc
+        result = self._run_result(ep, error)
+        if result.fault is None:
+            result = self._collect_diff(ep)
+        remove_workdir(ep)
+        return result
+
+    def _context(self, ep: Episode, sandbox: object) -> EpisodeContext:
+        return EpisodeContext(
+            task=ep.group.task, task_dict=ep.group.task_dict, task_id=ep.group.task_id, sandbox=sandbox,
+            workdir=ep.workdir or Path("."), seed=ep.seed, sample_index=ep.sample_index, attempt=ep.attempt,
+            deadline=ep.stage_t0 + self.rollout.run_timeout_s,
+            command_timeout_s=self.config.sandbox.command_timeout_s, policy_version=self.policy_version,
+            transcript=ep.transcript,
+        )
+
+    def _run_result(self, ep: Episode, error: BaseException | None) -> StageResult:
+        reason = ep.abort_reason
+        if reason == "timeout" or (reason is None and ep.in_stage_s() > self.rollout.run_timeout_s):
+            ep.output = _timed_out(ep.output)
+            return StageResult()
+        if reason is not None:
+            return StageResult(_ABORT_FAULTS.get(reason, Fault.TASK_CANCELLED), f"aborted: {reason}")
+        if error is not None:
+            return StageResult(classify_run_error(error), f"{type(error).__name__}: {error}")
+        assert ep.output is not None, "a policy returns an EpisodeOutput or raises"
+        fault = _STATUS_FAULTS.get(ep.output.status)
+        if fault is not None:
+            return StageResult(fault, str(ep.output.metrics.get("error", ep.output.status.value)))
+        if ep.output.status == Status.CANCELLED:
+            return StageResult(Fault.TASK_CANCELLED, "the policy cancelled the episode")
+        return StageResult()
+
+    def _collect_diff(self, ep: Episode) -> StageResult:
+        assert ep.workdir is not None
+        try:
+            ep.diff = self.ops.collect_diff(ep.group.task, ep.workdir)
+        except Exception as exc:  # noqa: BLE001 - a work dir we cannot diff is an infrastructure fault
+            return StageResult(Fault.SANDBOX_CRASH, f"collecting the diff failed: {type(exc).__name__}: {exc}")
+        ep.metrics["diff_bytes"] = len(ep.diff)
+        return StageResult()
+
+    def evaluate(self, ep: Episode, may_retry: Callable[[], bool]) -> EvalOutcome:
+        """Tests -> reward; a harness failure is retried (same diff) while ``may_retry()`` allows."""
+        tries = 0
+        while True:
+            t0 = time.monotonic()
+            outcome = self._evaluate_once(ep)
+            if outcome.status.infrastructure and time.monotonic() - t0 > self.rollout.eval_timeout_s:
+                outcome = EvalOutcome(None, Status.HARNESS_ERROR, {**outcome.details, "error": "eval timeout"})
+            if not outcome.status.infrastructure or tries >= self.rollout.max_retries or not may_retry():
+                ep.metrics["eval_tries"] = tries + 1
+                return outcome
+            tries += 1
+
+    def _evaluate_once(self, ep: Episode) -> EvalOutcome:
+        scratch = self.scratch / "eval"
+        scratch.mkdir(parents=True, exist_ok=True)
+        try:
+            return self.ops.evaluate(ep.group.task, ep.diff, scratch, self.rollout.eval_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the harness itself broke: infrastructure
+            return EvalOutcome(None, Status.HARNESS_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _timed_out(out: EpisodeOutput | None) -> EpisodeOutput:
+    if out is None:
+        return EpisodeOutput(status=Status.TIMEOUT)
+    return EpisodeOutput(status=Status.TIMEOUT, metrics=out.metrics, sampling=out.sampling,
+                         logprob_kind=out.logprob_kind)

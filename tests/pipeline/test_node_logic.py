@@ -1,0 +1,177 @@
+"""The node's logic with the real spool and local stand-ins for tasks and sandboxes (fast).
+
+Groups, retries per the fault table, cancellation, staleness, drain and exactly-once writing.
+The same behaviours are exercised with real sandboxes and the real harness in test_node_real.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc.config import load_config
+from hpc.paths import RunPaths
+from hpc.rundir import create_run
+from hpc.spool import Spool
+from hpc.trajectory import Status, Trajectory
+from rollout_node.pipeline.control import request_cancel
+from rollout_node.pipeline.node import NodeOptions, RolloutNode
+from rollout_node.pipeline.scripted import ScriptedPolicy
+from rollout_node.pipeline.sizing import Workers
+from tests.pipeline.standins import FakeOps
+
+BASE = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
+        "spool.poll_interval_s=0.05", "spool.heartbeat_interval_s=0.5", "spool.lease_s=5",
+        "spool.shard_max_age_s=0.5", "rollout.policy=scripted", "rollout.max_retries=1",
+        "rollout.metrics_interval_s=0.5", "algorithm.group_size=2"]
+
+
+def make_run(tmp_path: Path, *overrides: str) -> tuple[RunPaths, Any]:
+    cfg = load_config(None, [*BASE, *overrides])
+    return create_run(tmp_path / "run", cfg), cfg
+
+
+def node(paths: RunPaths, cfg: Any, ops: FakeOps, tmp_path: Path, **kw: Any) -> RolloutNode:
+    opts = NodeOptions(node_id="n0", workers=Workers(init=1, run=3, eval=1), scratch=tmp_path / "scratch",
+                       once=kw.pop("once", True), max_episodes=kw.pop("max_episodes", None))
+    return RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), ops, ScriptedPolicy(cfg.rollout.scripted_plan),
+                       opts, **kw)
+
+
+def written(paths: RunPaths, cfg: Any) -> dict[str, list[Trajectory]]:
+    spool = Spool(paths.root, cfg.spool)
+    out: dict[str, list[Trajectory]] = {}
+    for shard in spool.claim_shards("test-reader", 1000):
+        for t in shard.trajectories():
+            out.setdefault(t.task_id, []).append(t)
+    return out
+
+
+def tasks(n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i}", **extra} for i in range(n)]
+
+
+def test_every_task_ends_with_one_group_and_nothing_stays_claimed(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=t0=empty;*=gold")
+    Spool(paths.root, cfg.spool).put_tasks(tasks(5))
+    ops = FakeOps()
+    summary = node(paths, cfg, ops, tmp_path).run()
+    groups = written(paths, cfg)
+    assert sorted(groups) == [f"t{i}" for i in range(5)]
+    for task_id, trajs in groups.items():
+        assert sorted(t.sample_index for t in trajs) == [0, 1]
+        assert len({t.group_id for t in trajs}) == 1
+        assert all(t.status == Status.OK for t in trajs)
+        assert all(t.reward == (0.0 if task_id == "t0" else 1.0) for t in trajs)
+        assert all(t.num_generated > 0 and t.prompt_len > 0 for t in trajs)
+    stats = Spool(paths.root, cfg.spool).stats()
+    assert stats["tasks_claimed"] == 0 and stats["tasks_ready"] == 0 and stats["tasks_done"] == 5
+    assert summary["groups_written"] == 5
+    assert ops.max_open <= 3, "live sandboxes never exceed the RUN workers"
+    assert not list((tmp_path / "scratch").rglob("bug.txt")), "work dirs are removed"
+    seeds = {(t.task_id, t.sample_index): t.sampling["seed"] for g in groups.values() for t in g}
+    assert len(set(seeds.values())) == len(seeds), "each sample has its own seed"
+
+
+def test_fault_rows_retry_then_final_status(tmp_path: Path) -> None:
+    plan = "crash=crash;crash_once=crash|gold;infer=inference_error;hang=hang;*=gold"
+    paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={plan}", "algorithm.group_size=1", "algorithm.drop_zero_variance=false",
+                          "sandbox.command_timeout_s=1")
+    names = ["crash", "crash_once", "infer", "hang", "harness", "harness_once", "initfail", "badimage", "bad"]
+    specs = [{"task_id": n} for n in names[:-2]] + [{"task_id": "badimage", "image": "missing-image"},
+                                                    {"task_id": "bad", "broken": True}]
+    Spool(paths.root, cfg.spool).put_tasks(specs)
+    ops = FakeOps(fail_prepare={"initfail"}, harness_errors={"harness": 5, "harness_once": 1})
+    node(paths, cfg, ops, tmp_path).run()
+    got = {k: v[0] for k, v in written(paths, cfg).items()}
+    assert set(got) == set(names)
+    expect = {"crash": (Status.SANDBOX_ERROR, None, 1), "crash_once": (Status.OK, 1.0, 1),
+              "infer": (Status.INFERENCE_ERROR, None, 1), "hang": (Status.OK, 1.0, 0),
+              "harness": (Status.HARNESS_ERROR, None, 0), "harness_once": (Status.OK, 1.0, 0),
+              "initfail": (Status.SANDBOX_ERROR, None, 1), "badimage": (Status.SANDBOX_ERROR, None, 1),
+              "bad": (Status.NODE_ERROR, None, 0)}
+    for name, (status, reward, attempt) in expect.items():
+        t = got[name]
+        assert (t.status, t.reward, t.attempt) == (status, reward, attempt), name
+        assert t.trainable == status.trainable
+    assert ops.evaluated.count("harness") == 2, "a harness error reruns EVAL only, max_retries times"
+    assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
+
+
+def test_run_timeout_is_trainable_and_scored(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.run_timeout_s=1",
+                          "algorithm.group_size=1", "algorithm.drop_zero_variance=false")
+    Spool(paths.root, cfg.spool).put_tasks(tasks(1))
+    node(paths, cfg, FakeOps(), tmp_path).run()
+    (t,) = written(paths, cfg)["t0"]
+    assert t.status == Status.TIMEOUT and t.reward == 0.0 and t.trainable
+
+
+def test_cancel_by_task_writes_cancelled_group_and_closes_sandboxes(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=victim=slow;*=gold")
+    Spool(paths.root, cfg.spool).put_tasks([{"task_id": "victim"}, {"task_id": "other"}])
+    ops = FakeOps()
+    n = node(paths, cfg, ops, tmp_path)
+    threading.Timer(1.0, lambda: request_cancel(paths, "victim")).start()
+    n.run()
+    groups = written(paths, cfg)
+    assert [t.status for t in groups["victim"]] == [Status.CANCELLED] * 2
+    assert all(t.reward is None for t in groups["victim"])
+    assert [t.reward for t in groups["other"]] == [1.0, 1.0]
+    assert ops.open_sandboxes == 0
+
+
+def test_stale_episodes_are_restarted_then_cancelled(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.max_staleness=1",
+                          "algorithm.group_size=1", "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=30")
+    Spool(paths.root, cfg.spool).put_tasks(tasks(1))
+
+    def bump() -> None:
+        for v in range(1, 40):
+            paths.policy_latest.write_text(f"{v}\n")
+            time.sleep(0.3)
+
+    threading.Thread(target=bump, daemon=True).start()
+    node(paths, cfg, FakeOps(), tmp_path).run()
+    (t,) = written(paths, cfg)["t0"]
+    assert t.status == Status.CANCELLED and t.attempt == 1 and t.reward is None
+
+
+def test_drain_releases_in_flight_tasks(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.drain_timeout_s=0.5")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(4))
+    ops = FakeOps()
+    n = node(paths, cfg, ops, tmp_path, once=False)
+    threading.Timer(1.5, lambda: n.request_drain("SIGTERM")).start()
+    summary = n.run()
+    stats = spool.stats()
+    assert stats["tasks_claimed"] == 0 and stats["tasks_done"] == 0 and stats["tasks_ready"] == 4
+    assert summary["groups_released"] >= 1
+    assert written(paths, cfg) == {}
+    assert ops.open_sandboxes == 0
+
+
+def test_backpressure_stops_claims(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "spool.max_ready_shards=2", "spool.shard_max_trajectories=1",
+                          "rollout.queue_size=1", "rollout.claim_lookahead=1")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(8))
+    n = node(paths, cfg, FakeOps(), tmp_path, once=False)
+    threading.Timer(3.0, lambda: n.request_drain("test")).start()
+    summary = n.run()
+    stats = spool.stats()
+    assert summary["not_claiming"] == "backpressure"
+    assert stats["tasks_ready"] >= 3 and stats["tasks_done"] + stats["tasks_ready"] == 8
+    assert stats["tasks_claimed"] == 0
+
+
+def test_max_episodes_exits_after_whole_groups(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.claim_lookahead=1", "rollout.queue_size=2")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(5))
+    summary = node(paths, cfg, FakeOps(), tmp_path, once=False, max_episodes=4).run()
+    assert summary["groups_written"] == 2 and summary["episodes"] == 4
+    assert spool.stats()["tasks_done"] == 2 and spool.stats()["tasks_claimed"] == 0
