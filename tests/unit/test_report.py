@@ -1,0 +1,58 @@
+"""The report: series and accounting recomputed from metrics files; sacct parsing; no blank plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hpc.accounting import parse_sacct, parse_tres
+from hpc.metrics import MetricsWriter
+from hpc.paths import RunPaths
+from hpc.report import write_report
+
+
+def _fake_run(root: Path) -> RunPaths:
+    paths = RunPaths(root)
+    paths.metrics.mkdir(parents=True)
+    trainer = MetricsWriter(root, "trainer-0")
+    for step in range(1, 4):
+        trainer.log("train_step", step=step, loss=1.0 / step, loss_tokens=100 * step, reward_mean=0.1 * step,
+                    pass_rate=0.05 * step, idle_fraction=0.5 / step, staleness_hist={"0": 3, "1": step},
+                    drops={"zero_variance": step})
+    node = MetricsWriter(root, "rollout-n1")
+    for i in range(3):
+        node.log("episode", status="ok" if i else "sandbox_error", generated_tokens=400, timings={"run_s": 36.0})
+        node.log("node", episodes_per_min=2.0 + i, queue_depth={"init": i, "run": 1, "eval": 0},
+                 stage_s={"run": {"p50": 1.0 + i, "p95": 2.0 + i}})
+    return paths
+
+
+def test_report_matches_metrics_and_plots_are_not_blank(tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    paths = _fake_run(tmp_path / "run")
+    html = write_report(paths.root)
+    report = json.loads((paths.root / "report" / "report.json").read_text())
+    assert report["series"]["reward"]["reward mean"]["y"] == [0.1, 0.2, 0.30000000000000004]
+    assert report["series"]["staleness"]["max staleness"]["y"] == [1.0, 1.0, 1.0]
+    assert report["series"]["failures_by_kind"] == {"sandbox_error": 1}
+    acct = report["accounting"]
+    assert acct["tokens_generated"] == 1200 and acct["tokens_trained"] == 600
+    assert acct["tokens_discarded"] == 600 and acct["waste_percent"] == 50.0
+    assert acct["samples_discarded_by_reason"] == {"zero_variance": 3}
+    assert abs(acct["sandbox_hours"] - 108.0 / 3600) < 1e-12
+    for name, png in report["plots"].items():
+        img = mpimg.imread(png)
+        assert np.asarray(img).std() > 0.01, f"{name} plot is blank"
+    assert "data:image/png;base64," in html.read_text()
+
+
+def test_sacct_parsing_per_role() -> None:
+    assert parse_tres("billing=2,cpu=2,gres/gpu=1,mem=8G,node=1")["gpu"] == 1.0
+    text = "12+0|3600|cpu=4,gres/gpu=2,node=1\n12+1|1800|cpu=2,gres/gpu=1,node=1\n12+2|3600|cpu=8,node=2\n"
+    hours = parse_sacct(text, {"12": ["train", "infer", "rollout"]})
+    assert hours["train"] == {"cpu_hours": 4.0, "gpu_hours": 2.0}
+    assert hours["infer"] == {"cpu_hours": 1.0, "gpu_hours": 0.5}
+    assert hours["rollout"] == {"cpu_hours": 8.0, "gpu_hours": 0.0}
