@@ -12,7 +12,7 @@ if [ "$verb" = init ]; then
   exit 0
 fi
 role=${verb%-node}
-tag="$role-${SLURMD_NODENAME:-none}-${SLURM_PROCID:-0}-r${SLURM_RESTART_COUNT:-0}"
+tag="$role-${SLURMD_NODENAME:-none}-${SLURM_PROCID:-0}-j${SLURM_JOB_ID:-0}-r${SLURM_RESTART_COUNT:-0}"
 env | grep -E '^(SLURM|SLURMD|CUDA_VISIBLE|SPOOLRL)' | sort >"$fake/$tag.env"
 trap 'echo USR1 >>"$fake/$tag.signals"; exit 0' USR1
 trap 'echo TERM >>"$fake/$tag.signals"; exit 0' TERM

@@ -193,3 +193,30 @@ def test_cli_launch_status_cancel_as_unprivileged_user(run_dir: Path, fake_pytho
     wait_for("cancelled", lambda: _sacct_state(job_id).startswith("CANCELLED"), 30)
     assert CI_USER in subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", job_id],
                                      capture_output=True, text=True).stdout
+
+
+def test_separate_mode_and_scale_as_unprivileged_user(run_dir: Path, fake_python: Path, ci_python: Path) -> None:
+    cli = [str(ci_python), "-m", "hpc.cli"]
+    overrides = [f"slurm.{g}.{k}={v}" for g in ("train", "infer", "rollout")
+                 for k, v in (("python", str(fake_python)), ("mem_gb", 0.25), ("cpus_per_task", 1))]
+    overrides += ["slurm.mode=separate", "slurm.job_name=spoolrl-test", "model.path=/nonexistent-model"]
+    out = as_ci_user([*cli, "launch", "--run", str(run_dir), *overrides], cwd=str(run_dir.parent))
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[3] for line in out.stdout.splitlines() if line.startswith("submitted")] == [
+        "(train:", "(infer:", "(rollout:"]
+    scale = as_ci_user([*cli, "scale", str(run_dir), "--rollout-nodes", "1"])
+    assert scale.returncode == 0, scale.stderr
+
+    def all_running() -> dict | None:
+        status = json.loads(as_ci_user([*cli, "status", str(run_dir), "--json"]).stdout)
+        return status if [j["state"] for j in status["jobs"]] == ["RUNNING"] * 4 else None
+
+    status = wait_for("4 jobs running", all_running, 60)
+    assert isinstance(status, dict)
+    assert [(j["kind"], [g["role"] for g in j["groups"]]) for j in status["jobs"]] == [
+        ("launch", ["train"]), ("launch", ["infer"]), ("launch", ["rollout"]), ("scale", ["rollout"])]
+    scale_id = scale.stdout.split()[2]
+    wait_for("the scaled rollout task started", lambda: list((run_dir / "fake").glob(f"rollout-*-j{scale_id}-r0.env")),
+             30)
+    cancel = as_ci_user([*cli, "cancel", str(run_dir)])
+    assert cancel.returncode == 0 and len(cancel.stdout.split(":")[1].split(",")) == 4
