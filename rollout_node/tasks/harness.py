@@ -11,8 +11,9 @@ What :func:`evaluate` does, in order (every step on a fresh directory under ``sc
 3. Neutralise tampering: remove symlinks the agent added; delete agent-added ``conftest.py``,
    pytest/tox/setup config files, ``*.pth``, ``sitecustomize``/``usercustomize``, bytecode,
    ``*.dist-info``/``*.egg-info`` metadata (pytest plugin entry points) and top-level modules that
-   would shadow the standard library or the test runner; reset every file the test patch touches
-   and every base ``conftest.py``/config file to the base version (or delete it if new).
+   would shadow the standard library or the test runner; reset every file the test patch touches,
+   every file that holds a FAIL_TO_PASS/PASS_TO_PASS test, and every base ``conftest.py``/config
+   file to the base version (or delete it if new).
 4. Apply the test patch; run the tests in a FRESH sandbox whose ``/work`` is this tree. The default
    runner is ``python3 -I -B`` (no user site, no PYTHON* variables, no bytecode written; agent-added
    bytecode was deleted in step 3) with a cleared environment, ``-p no:cacheprovider``, plugin autoload off, and
@@ -72,10 +73,6 @@ class ExecResult(Protocol):
     def output(self) -> str: ...
     @property
     def timed_out(self) -> bool: ...
-
-
-class SandboxLike(Protocol):
-    def exec(self, argv: list[str], *, timeout_s: float | None) -> Any: ...
 
 
 Opener = Callable[..., AbstractContextManager[Any]]
@@ -139,7 +136,7 @@ def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: Sand
     if not _apply(tree, task.test_patch):
         return EvalResult(task.instance_id, 0.0, "ok", missing, True,
                           "the test patch does not apply after the agent's changes")
-    argv = test_argv(task, tree.root, eval_python)
+    argv = build_test_argv(task, tree.root, eval_python)
     run = _run_in_sandbox(task, tree.root, argv, sandbox_cfg, timeout_s, opener)
     outcomes = outcomes_for(task.tests, run.output, task.log_parser)
     reward = 1.0 if all(v == "PASSED" for v in outcomes.values()) else 0.0
@@ -182,7 +179,8 @@ def _neutralise(tree: _Tree, task: TaskInstance) -> None:
     for rel in _git_lines(tree, ["ls-files", "--others", "-z"]):
         if _forbidden_new_file(root, rel):
             (root / rel).unlink(missing_ok=True)
-    reset = set(patch_paths(task.test_patch)) | {p for p in base_files if Path(p).name in PROTECTED_NAMES}
+    named = {t.split("::", 1)[0] for t in task.tests if "::" in t}  # files of PASS_TO_PASS tests too
+    reset = set(patch_paths(task.test_patch)) | named | {p for p in base_files if Path(p).name in PROTECTED_NAMES}
     for rel in sorted(reset):
         _remove(root / rel)
     restore = sorted(p for p in reset if p in base_files)
@@ -233,18 +231,18 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def test_files(task: TaskInstance, root: Path) -> list[str]:
+def files_to_test(task: TaskInstance, root: Path) -> list[str]:
     """Files to hand to the test command: those named by the test ids, else those of the test patch."""
     named = {t.split("::", 1)[0] for t in task.tests if "::" in t}
     files = named or set(patch_paths(task.test_patch))
     return sorted(f for f in files if (root / f).is_file())
 
 
-def test_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
+def build_test_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
     """The command run inside the sandbox (cwd = the tree), with a cleared environment."""
     env = ["env", "-i", f"PATH={EVAL_PATH}", "HOME=/tmp", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1",
            "PYTHONHASHSEED=0"]
-    files = test_files(task, root)
+    files = files_to_test(task, root)
     if not task.test_cmd:
         return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", RUNNER,
                 *files]

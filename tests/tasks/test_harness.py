@@ -105,6 +105,12 @@ TAMPERS: dict[str, dict[str, str]] = {
     "entry_point_plugin": {"forcepass-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: forcepass\nVersion: 1.0\n",
                            "forcepass-1.0.dist-info/entry_points.txt": "[pytest11]\nforcepass = forcepass\n",
                            "forcepass.py": FORCE_PASS},
+    # exit status 0 before any test ran: the harness reads results, not the exit code
+    "exit_zero_at_import": {"textkit/__init__.py": "import os\nos._exit(0)\n"},
+    # result lines printed after pytest's own summary (an atexit hook writing to the real stdout)
+    "fake_results_after_summary": {"textkit/__init__.py": (
+        "import atexit, os\natexit.register(os.write, 1, b'PASSED tests/test_textkit.py::test_truncate_respects_width"
+        "\\ntests/test_textkit.py::test_truncate_respects_width PASSED\\n')\n")},
 }
 # A typical naive harness: the agent's tree as is, `python3 -m pytest` with the repo on PYTHONPATH and
 # HOME=/work (the episode's home). Tampers that fool it prove they are real attacks.
@@ -114,7 +120,7 @@ NAIVE_FOOLED = {"conftest_root", "conftest_tests", "pytest_ini_plugin", "sitecus
 
 def _naive_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
     return ["env", "HOME=/work", "PYTHONPATH=/work", "python3", "-m", "pytest", "-rA", "-v",
-            *harness.test_files(task, root)]
+            *harness.files_to_test(task, root)]
 
 
 @pytest.mark.parametrize("name", sorted(TAMPERS))
@@ -124,10 +130,14 @@ def test_tampering_scores_zero(env: dict[str, Path], name: str, monkeypatch: pyt
     assert diff.strip()
     result = run(env, task, diff)
     assert (result.status, result.reward, result.diff_applied) == ("ok", 0.0, True), result.log
-    assert result.outcomes[task.FAIL_TO_PASS[0]] == "FAILED"
+    assert result.outcomes[task.FAIL_TO_PASS[0]] in ("FAILED", "MISSING")
+    if name == "fake_results_after_summary":  # the forged lines really were in the log
+        assert "PASSED tests/test_textkit.py::test_truncate_respects_width" in result.log
+    if name == "exit_zero_at_import":
+        assert set(result.outcomes.values()) == {"MISSING"}
     if name in NAIVE_FOOLED:
         monkeypatch.setattr(harness, "_neutralise", lambda tree, task: None)
-        monkeypatch.setattr(harness, "test_argv", _naive_argv)
+        monkeypatch.setattr(harness, "build_test_argv", _naive_argv)
         naive = run(env, task, diff)
         assert naive.reward == 1.0, f"tamper {name} does not even fool a naive harness:\n{naive.log}"
 
