@@ -194,6 +194,18 @@ def test_cli_launch_status_cancel_as_unprivileged_user(run_dir: Path, fake_pytho
     assert CI_USER in subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", job_id],
                                      capture_output=True, text=True).stdout
 
+    resumed = as_ci_user([*cli, "resume", str(run_dir), "slurm.rollout.nodes=2"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "slurm.rollout.nodes" in resumed.stdout  # a resumable key changed, and it says so
+    new_id = resumed.stdout.split("submitted job ")[1].split()[0]
+    wait_for("resumed job running", lambda: _sacct_state(new_id) == "RUNNING", 60)
+    final = json.loads(as_ci_user([*cli, "status", str(run_dir), "--json"]).stdout)
+    assert [(j["kind"], j["state"].split()[0]) for j in final["jobs"]] == [("launch", "CANCELLED"),
+                                                                           ("resume", "RUNNING")]
+    unsafe = as_ci_user([*cli, "resume", str(run_dir), "--force", "trainer.lr=0.5"])
+    assert unsafe.returncode != 0 and "trainer.lr" in unsafe.stderr
+    assert as_ci_user([*cli, "cancel", str(run_dir)]).returncode == 0
+
 
 def test_separate_mode_and_scale_as_unprivileged_user(run_dir: Path, fake_python: Path, ci_python: Path) -> None:
     cli = [str(ci_python), "-m", "hpc.cli"]
