@@ -25,12 +25,13 @@ import json
 import os
 import random
 import secrets
+import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from hpc.errors import SpoolError
 
@@ -45,8 +46,59 @@ def safe_name(text: str) -> str:
     return name
 
 
-def unsafe_name(name: str) -> str:
-    return unquote(name)
+HOST = safe_name(socket.gethostname())
+
+
+def tmp_sibling(target: Path, tag: str = "") -> Path:
+    """A dot-temporary next to ``target``, named ``.tmp@<pid>@<host>@...`` so a cleaner on the same
+    host can tell whether its writer still lives."""
+    return target.with_name(f".tmp@{os.getpid()}@{HOST}@{tag or secrets.token_hex(4)}")
+
+
+class TmpCleaner:
+    """Removes temporaries of dead writers: same host and pid gone, or unchanged in size for
+    ``max_age_s`` as seen on this process's monotonic clock (other hosts; never their mtimes)."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._seen: dict[Path, tuple[int, float]] = {}
+
+    def clean(self, directory: Path, names: Iterable[str]) -> int:
+        removed = 0
+        for name in names:
+            if name.startswith(".tmp@") and self._dead(directory / name, name):
+                try:
+                    (directory / name).unlink(missing_ok=True)
+                    removed += 1
+                except OSError:
+                    pass
+                self._seen.pop(directory / name, None)
+        return removed
+
+    def _dead(self, path: Path, name: str) -> bool:
+        _, pid, host, _rest = (name.split("@", 3) + ["", "", ""])[:4]
+        if host == HOST and pid.isdigit():
+            return not _pid_alive(int(pid))
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return False
+        now = time.monotonic()
+        seen = self._seen.get(path)
+        if seen is None or seen[0] != size:
+            self._seen[path] = (size, now)
+            return False
+        return now - seen[1] > self.max_age_s
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def visible(names: Iterable[str]) -> list[str]:
@@ -85,7 +137,7 @@ def publish_file(target: Path, data: bytes, *, fsync: bool = True, replace: bool
     ``replace=False`` links instead of renaming so an existing ``target`` is kept (returns False).
     On any error nothing is visible at ``target`` and the temporary is gone.
     """
-    tmp = target.with_name(f".tmp@{os.getpid()}@{secrets.token_hex(4)}")
+    tmp = tmp_sibling(target)
     renamed = False
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -121,7 +173,7 @@ def publish_new_files(items: Sequence[tuple[Path, bytes]], *, chunk: int = 256) 
     added = 0
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
-        tmps = [target.with_name(f".tmp@{os.getpid()}@{secrets.token_hex(4)}") for target, _ in part]
+        tmps = [tmp_sibling(target) for target, _ in part]
         try:
             fds = []
             try:

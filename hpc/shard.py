@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import struct
 import threading
 import time
@@ -42,7 +41,7 @@ import pyarrow as pa
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
-from hpc.lease import fs_error, safe_name
+from hpc.lease import fs_error, safe_name, tmp_sibling
 from hpc.trajectory import SCHEMA_VERSION, Trajectory, group_ids_consistent
 
 MAGIC = b"SPOOLSHD"
@@ -172,10 +171,6 @@ def writer_session(table: pa.Table) -> str:
 # Writer
 
 
-def _tmp_prefix() -> str:
-    return f".tmp@{os.getpid()}@{safe_name(socket.gethostname())}@"
-
-
 class ShardWriter:
     """Appends groups to an open shard and publishes it sealed into ``ready/`` (see module doc)."""
 
@@ -269,7 +264,7 @@ class ShardWriter:
         return shard_id
 
     def _publish(self, shard_id: str, header: bytes, body: pa.Buffer) -> None:
-        tmp = self.ready_dir / f"{_tmp_prefix()}{shard_id}"
+        tmp = tmp_sibling(self.ready_dir / shard_id, shard_id)
         try:
             with open(tmp, "wb") as f:
                 f.write(header)

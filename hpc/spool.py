@@ -27,8 +27,9 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
 - A corrupt or truncated shard is moved to ``quarantine/`` with a reason and counted; the reader
   carries on. Every trajectory ends committed (trained), dropped with a reason, quarantined, or
   still queued: :meth:`Spool.stats` counts each.
-- Idle polling costs one ``stat`` of ``shards/ready`` per poll and a listing only when the
-  directory changed (or every 4th poll, so coarse directory timestamps never hide a shard).
+- Idle polling (:meth:`Spool.wait_for_shards`) costs one ``stat`` of ``shards/ready`` per poll and
+  a listing only when the directory changed (or every 4th poll where timestamps are whole
+  seconds, so a coarse timestamp never hides a shard for long).
 """
 
 from __future__ import annotations
@@ -48,7 +49,18 @@ import pyarrow as pa
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, FencedError
 from hpc.fsutil import atomic_write_json
-from hpc.lease import Heartbeat, TaskLease, TaskQueue, fs_error, listdir, publish_file, safe_name, try_rename, visible
+from hpc.lease import (
+    Heartbeat,
+    TaskLease,
+    TaskQueue,
+    TmpCleaner,
+    fs_error,
+    listdir,
+    publish_file,
+    safe_name,
+    try_rename,
+    visible,
+)
 from hpc.paths import RunPaths
 from hpc.shard import SUFFIX, ShardWriter, decode_table, shard_count, table_trajectories, writer_session
 from hpc.trajectory import Trajectory
@@ -90,12 +102,13 @@ class Spool:
         self.committed, self.quarantine = self.shards / "committed", self.shards / "quarantine"
         self.commits, self.dropped_dir = self.shards / "commits", root / "dropped"
         self.fence_dir = self.paths.control / "fence"
-        try:
-            for d in (self.heartbeat_dir, self.ready, self.claimed, self.committed, self.quarantine,
-                      self.commits, self.dropped_dir, self.fence_dir):
-                d.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise fs_error(exc, root, "creating the spool") from exc
+        if not self.fence_dir.is_dir():  # created last: one stat when the spool exists already
+            try:
+                for d in (self.heartbeat_dir, self.ready, self.claimed, self.committed, self.quarantine,
+                          self.commits, self.dropped_dir, self.fence_dir):
+                    d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise fs_error(exc, root, "creating the spool") from exc
         self.tasks = TaskQueue(root / "tasks", self.heartbeat_dir, self.config.lease_s,
                                reap_interval_s=max(1.0, self.config.lease_s / 4))
         self._heartbeats: dict[str, Heartbeat] = {}
@@ -104,7 +117,8 @@ class Spool:
         self._owners: dict[str, str] | None = None  # task_id -> "writer session#attempt" that owns it
         self._poll_sig: tuple[int, ...] | None = None
         self._polls = 0
-        self._tmp_seen: dict[str, tuple[int, float]] = {}
+        self._cleaner = TmpCleaner(self.config.lease_s)
+        self._made: set[Path] = set()
         self._infos: dict[str, dict[str, Any]] = {}  # claimed here, not yet committed
         self.corrupt_detected = 0
 
@@ -198,20 +212,28 @@ class Spool:
             time.sleep(min(left, self.config.poll_interval_s * random.uniform(0.8, 1.2)))
 
     def _ready_changed(self) -> bool:
-        """One stat per poll; True when ``ready/`` changed, and on every 4th poll regardless."""
+        """One stat per poll: True when ``ready/`` changed since the last poll.
+
+        Only equality of the directory's own attributes is used, never a comparison with a clock.
+        On filesystems with whole-second timestamps a change within the same second as the last
+        listing keeps the same mtime, so there every 4th poll lists regardless.
+        """
         self._polls += 1
         try:
             st = os.stat(self.ready)
         except OSError:
             return True
         sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink, st.st_ino)
-        changed = sig != self._poll_sig or self._polls % 4 == 0
+        coarse = st.st_mtime_ns % 1_000_000_000 == 0
+        changed = sig != self._poll_sig or (coarse and self._polls % 4 == 0)
         self._poll_sig = sig
         return changed
 
     def _claim_dir(self, consumer_id: str) -> Path:
         path = self.claimed / f"{safe_name(consumer_id)}@g{self._generation.get(consumer_id, 0)}"
-        path.mkdir(exist_ok=True)
+        if path not in self._made:
+            path.mkdir(exist_ok=True)
+            self._made.add(path)
         return path
 
     def _open(self, consumer_id: str, path: Path) -> Shard | None:
@@ -314,7 +336,7 @@ class Spool:
     def _write_commit_record(self, consumer_id: str, generation: int, shards: dict[str, Any]) -> None:
         record = {"consumer": consumer_id, "generation": generation, "t": time.time(), "shards": shards}
         name = f"{generation:08d}-{int(time.time() * 1000):013d}-{secrets.token_hex(4)}.json"
-        publish_file(self.commits / name, json.dumps(record).encode())
+        publish_file(self.commits / name, json.dumps(record).encode(), replace=True)  # a unique name
 
     def recover(self, consumer_id: str, committed_shard_ids: Iterable[str]) -> dict[str, int]:
         """After a restart: commit what the latest checkpoint covers, return the rest to ready.
@@ -338,6 +360,7 @@ class Spool:
             infos = {sid: self._shard_info(sid) for sid in sorted(committed)}
             self._write_commit_record(consumer_id, generation, infos)
         out["committed"] = len(committed)
+        self.clean_temporaries()
         return out
 
     def _stale_claim_dirs(self, consumer_id: str, generation: int) -> list[Path]:
@@ -353,28 +376,12 @@ class Spool:
 
     # =========================================================================== housekeeping
     def _clean_tmp(self, names: Sequence[str]) -> int:
-        """Remove temporaries of dead writers: same host and pid gone, or unchanged for a lease."""
-        host = safe_name(socket.gethostname())
-        now = time.monotonic()
-        removed = 0
-        for name in names:
-            if not name.startswith(".tmp@"):
-                continue
-            _, pid, tmp_host, _rest = (name.split("@", 3) + ["", "", ""])[:4]
-            path = self.ready / name
-            try:
-                size = path.stat().st_size
-            except OSError:
-                continue
-            seen = self._tmp_seen.get(name)
-            if seen is None or seen[0] != size:
-                self._tmp_seen[name] = (size, now)
-            dead = tmp_host == host and pid.isdigit() and not _pid_alive(int(pid))
-            if dead or (seen is not None and seen[0] == size and now - seen[1] > self.config.lease_s):
-                path.unlink(missing_ok=True)
-                self._tmp_seen.pop(name, None)
-                removed += 1
-        return removed
+        return self._cleaner.clean(self.ready, names)
+
+    def clean_temporaries(self) -> int:
+        """Remove temporaries of dead writers everywhere in the spool (run at trainer start)."""
+        dirs = [self.ready, self.tasks.ready, self.commits, self.dropped_dir, self.fence_dir, self.quarantine]
+        return sum(self._cleaner.clean(d, listdir(d)) for d in dirs)
 
     def stats(self) -> dict[str, int]:
         """Counts by state: tasks, shards, trajectories (from shard ids), drops, temporaries."""
@@ -401,13 +408,3 @@ class Spool:
                 yield json.loads((self.dropped_dir / name).read_bytes())
             except (OSError, ValueError):
                 continue
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -9,7 +9,8 @@ from hpc.config.base import knob, section
 class SpoolConfig:
     """The shared-filesystem queue between rollout and training."""
 
-    shard_max_trajectories: int = knob(64, doc="seal a shard after this many trajectories", min=1)
+    shard_max_trajectories: int = knob(
+        128, doc="seal a shard after this many trajectories (fewer, larger shards: fewer metadata operations)", min=1)
     shard_max_mb: float = knob(64.0, doc="seal a shard once its encoded size passes this many MB", min=0.001)
     shard_max_age_s: float = knob(30.0, doc="seal an open shard that is older than this", min=0.1)
     lease_s: float = knob(

@@ -21,10 +21,10 @@ NUM_TASKS = 10_000
 NUM_WORKERS = 8
 
 
-def _race(views: list[Path], results: Path) -> None:
-    """Put NUM_TASKS tasks through views[0]; NUM_WORKERS claimers spread over ``views``."""
+def _race(views: list[Path], results: Path, put_via: Path) -> None:
+    """Put NUM_TASKS tasks through ``put_via``; NUM_WORKERS claimers spread over ``views``."""
     config = SpoolConfig()
-    added = Spool(views[0], config).put_tasks([{"task_id": f"task-{i:05d}", "i": i} for i in range(NUM_TASKS)])
+    added = Spool(put_via, config).put_tasks([{"task_id": f"task-{i:05d}", "i": i} for i in range(NUM_TASKS)])
     assert added == NUM_TASKS
     procs = [start(claim_worker, str(views[w % len(views)]), f"w{w}", str(results / f"w{w}.json"), config)
              for w in range(NUM_WORKERS)]
@@ -45,7 +45,7 @@ def _race(views: list[Path], results: Path) -> None:
 def test_eight_processes_ten_thousand_claims(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    _race([run], tmp_path)
+    _race([run], tmp_path, run)
 
 
 def _fuse_usable() -> str | None:
@@ -83,4 +83,4 @@ def test_two_fuse_views_race(two_fuse_views: list[Path], tmp_path: Path) -> None
     assert os.stat(two_fuse_views[0]).st_dev != os.stat(two_fuse_views[1]).st_dev
     results = tmp_path / "results"
     results.mkdir()
-    _race(two_fuse_views, results)
+    _race(two_fuse_views, results, tmp_path / "base")  # the race under test is the claims
