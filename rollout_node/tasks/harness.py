@@ -33,6 +33,7 @@ a second, out-of-process opinion (future work).
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import sys
@@ -60,10 +61,12 @@ EVAL_OUTPUT_KB = 4096
 LOG_EXCERPT_CHARS = 8000
 EVAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Runs inside the sandbox. pytest is imported BEFORE the tree joins sys.path, so the tree cannot
-# replace the runner; -I already dropped cwd, PYTHONPATH and user site-packages.
-RUNNER = ("import os, sys; import pytest; sys.path.insert(0, os.getcwd()); "
+# replace the runner; -I already dropped cwd, PYTHONPATH and user site-packages. argv[1] is the
+# start marker: printed before any code of the tree runs, it tells "tests ran" from "the sandbox or
+# the runner never started" (an infrastructure failure, not reward 0).
+RUNNER = ("import os, sys; import pytest; print(sys.argv[1], flush=True); sys.path.insert(0, os.getcwd()); "
           "sys.exit(pytest.main(['-rA', '-v', '-p', 'no:cacheprovider', '--color=no', '--tb=short', "
-          "'--continue-on-collection-errors', *sys.argv[1:]]))")
+          "'--continue-on-collection-errors', *sys.argv[2:]]))")
 
 
 class ExecResult(Protocol):
@@ -136,8 +139,12 @@ def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: Sand
     if not _apply(tree, task.test_patch):
         return EvalResult(task.instance_id, 0.0, "ok", missing, True,
                           "the test patch does not apply after the agent's changes")
-    argv = build_test_argv(task, tree.root, eval_python)
+    marker = f"spoolrl-eval-start-{secrets.token_hex(8)}"
+    argv = build_test_argv(task, tree.root, eval_python, marker)
     run = _run_in_sandbox(task, tree.root, argv, sandbox_cfg, timeout_s, opener)
+    if marker not in run.output:
+        raise SandboxError(f"the test runner never started (no start marker; timed out: {run.timed_out}); "
+                           f"check the image and tasks.eval_python. Output: {run.output[-600:]!r}")
     outcomes = outcomes_for(task.tests, run.output, task.log_parser)
     reward = 1.0 if all(v == "PASSED" for v in outcomes.values()) else 0.0
     status = "timeout" if run.timed_out else "ok"
@@ -238,21 +245,23 @@ def files_to_test(task: TaskInstance, root: Path) -> list[str]:
     return sorted(f for f in files if (root / f).is_file())
 
 
-def build_test_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
-    """The command run inside the sandbox (cwd = the tree), with a cleared environment."""
+def build_test_argv(task: TaskInstance, root: Path, eval_python: str, marker: str) -> list[str]:
+    """The command run inside the sandbox (cwd = the tree), with a cleared environment.
+
+    ``marker`` is printed first, before any code of the tree can run.
+    """
     env = ["env", "-i", f"PATH={EVAL_PATH}", "HOME=/tmp", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1",
            "PYTHONHASHSEED=0"]
     files = files_to_test(task, root)
     if not task.test_cmd:
-        return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", RUNNER,
-                *files]
+        return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", RUNNER, marker, *files]
     modules = [f[:-3].removeprefix("tests/").replace("/", ".") for f in files if f.endswith(".py")]
     cmd = task.test_cmd
     if "{test_files}" in cmd or "{test_modules}" in cmd:
         cmd = cmd.replace("{test_files}", shlex.join(files)).replace("{test_modules}", shlex.join(modules))
     else:
         cmd = f"{cmd} {shlex.join(files)}"
-    return [*env, "bash", "-c", cmd]
+    return [*env, "bash", "-c", f"echo {marker} && {cmd}"]
 
 
 def _run_in_sandbox(task: TaskInstance, root: Path, argv: list[str], sandbox_cfg: SandboxConfig,
@@ -264,8 +273,6 @@ def _run_in_sandbox(task: TaskInstance, root: Path, argv: list[str], sandbox_cfg
     try:
         with opener(cfg, root, image=task.image or None) as sandbox:
             result: ExecResult = sandbox.exec(argv, timeout_s=timeout_s)
-    except SandboxError:
-        raise
     except OSError as exc:
         raise SandboxError(f"the EVAL sandbox failed: {exc}") from exc
     return result

@@ -118,8 +118,8 @@ NAIVE_FOOLED = {"conftest_root", "conftest_tests", "pytest_ini_plugin", "sitecus
                 "entry_point_plugin"}
 
 
-def _naive_argv(task: TaskInstance, root: Path, eval_python: str) -> list[str]:
-    return ["env", "HOME=/work", "PYTHONPATH=/work", "python3", "-m", "pytest", "-rA", "-v",
+def _naive_argv(task: TaskInstance, root: Path, eval_python: str, marker: str) -> list[str]:
+    return ["bash", "-c", f"echo {marker}; HOME=/work PYTHONPATH=/work exec python3 -m pytest -rA -v \"$@\"", "bash",
             *harness.files_to_test(task, root)]
 
 
@@ -176,3 +176,5 @@ def test_infrastructure_faults_are_harness_errors(env: dict[str, Path], tmp_path
     assert bad_image.status == "harness_error" and bad_image.infrastructure_failure, bad_image
     broken = replace(task, test_patch=task.test_patch.replace(" def test", " def tset"))  # context no longer matches
     assert run(env, broken, task.patch).status == "harness_error"
+    no_python = run(env, task, task.patch, eval_python="/no/such/python3")  # the runner never starts
+    assert no_python.status == "harness_error" and "never started" in no_python.error
