@@ -219,6 +219,19 @@ class SlurmEnv:
         return parse_slurm_duration(lines[0]) if out.returncode == 0 and lines else None
 
     # ---------------------------------------------------------------- rendezvous
+    @property
+    def tasks_on_node(self) -> int:
+        """Tasks of this step on this node (``SLURM_STEP_TASKS_PER_NODE`` like ``2(x3)``; first entry)."""
+        value = self.env.get("SLURM_STEP_TASKS_PER_NODE", self.env.get("SLURM_TASKS_PER_NODE", "1"))
+        return int(value.split(",")[0].split("(")[0] or 1)
+
+    def distributed_env(self, group: int = 0) -> dict[str, str]:
+        """torch.distributed ``env://`` variables for a task of ``group``'s step (the train group)."""
+        host, port = self.rendezvous(group)
+        return {"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(self.group_rank),
+                "WORLD_SIZE": str(self.group_size), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.tasks_on_node)}
+
     def rendezvous(self, group: int = 0, *, port_base: int = 20000, port_span: int = 20000) -> tuple[str, int]:
         """(host, port) for torch.distributed: the first node of ``group``; the port comes from the
         job id and the restart count, so a requeued job does not collide with a lingering old one."""

@@ -80,8 +80,20 @@ put() {  # put FILE MODE OWNER:GROUP < content; rewrites only on change (keeps `
   rm -f "$tmp"
 }
 
+node_hosts() {  # node names resolve to their NodeAddr, as on a real cluster (torch rendezvous uses them)
+  local line want
+  want="127.0.0.1 $(nodes | awk '{print $1}' | paste -sd' ')  # spoolrl local_slurm nodes"
+  line=$(grep -F '# spoolrl local_slurm nodes' /etc/hosts || true)
+  [ "$line" = "$want" ] && return 0
+  # Rewrite in place (not sed -i): /etc/hosts is often a bind mount that cannot be renamed over.
+  { grep -vF '# spoolrl local_slurm nodes' /etc/hosts || true; echo "$want"; } >/etc/hosts.spoolrl.tmp
+  cat /etc/hosts.spoolrl.tmp >/etc/hosts
+  rm -f /etc/hosts.spoolrl.tmp
+}
+
 make_dirs() {
   getent hosts "$HOST" >/dev/null || echo "127.0.0.1 $HOST" >>/etc/hosts
+  node_hosts
   install -d -m 755 "$ROOT" "$ROOT/run" "$ROOT/fakegpu" "$ROOT/spool"
   install -d -m 755 -o slurm -g slurm "$ROOT/ctld" "$ROOT/log"
   install -d -m 1777 "$ROOT/shared"

@@ -152,3 +152,11 @@ def test_expand_hostlist(hostlist: str, hosts: list[str]) -> None:
 ])
 def test_parse_slurm_duration(text: str, seconds: float | None) -> None:
     assert parse_slurm_duration(text) == seconds
+
+
+def test_distributed_env() -> None:
+    env = {**SLURM_24_05_PLAIN, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
+    d = SlurmEnv.from_environ(env).distributed_env()
+    assert (d["MASTER_ADDR"], d["RANK"], d["WORLD_SIZE"], d["LOCAL_RANK"], d["LOCAL_WORLD_SIZE"]) == (
+        "node007", "6", "8", "2", "4")
+    assert d["MASTER_PORT"] == str(SlurmEnv.from_environ(env).rendezvous()[1])

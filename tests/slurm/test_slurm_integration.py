@@ -232,3 +232,35 @@ def test_separate_mode_and_scale_as_unprivileged_user(run_dir: Path, fake_python
              30)
     cancel = as_ci_user([*cli, "cancel", str(run_dir)])
     assert cancel.returncode == 0 and len(cancel.stdout.split(":")[1].split(",")) == 4
+
+
+def _reference_losses() -> list[float]:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 4, generator=gen), torch.randn(8, 1, generator=gen)
+    losses = []
+    for _ in range(3):
+        # the mean of the two ranks' shard means, as DDP averages them
+        loss = (((model(x[0::2]) - y[0::2]) ** 2).mean() + ((model(x[1::2]) - y[1::2]) ** 2).mean()) / 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_two_node_gloo_rendezvous_from_slurm_env(ci_python: Path) -> None:
+    pytest.importorskip("torch", reason="component unavailable: torch is not installed in this venv")
+    probe = Path(__file__).with_name("ddp_probe.py")
+    out = as_ci_user(["srun", "-p", "gpu", "-N2", "-n2", "--ntasks-per-node=1", "--mem=1G", "-t", "3",
+                      str(ci_python), str(probe)], cwd="/tmp")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ranks = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["node"] for r in ranks} == {"gpu1", "gpu2"}
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    assert ranks[0]["losses"] == pytest.approx(_reference_losses(), rel=1e-5)
