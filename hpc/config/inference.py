@@ -32,7 +32,8 @@ class InferenceConfig:
     cpu_max_batch: int = knob(32, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
                               resumable=True)
     dtype: Literal["auto", "float32", "bfloat16"] = knob(
-        "auto", doc="weights dtype ('auto': float32 on the CPU engine, the checkpoint's dtype on vLLM)")
+        "auto", doc="weights dtype ('auto': float32 on the CPU engine, vLLM's own 'auto' on vLLM, which serves "
+        "fp32 checkpoints in 16 bits; logprobs then differ from an fp32 forward pass by ~0.03)")
     max_model_len: int = knob(0, doc="context limit in tokens (0 = the model's max_position_embeddings)", min=0)
     require_auth_all: bool = knob(False, doc="also require the run secret (Authorization: Bearer) for "
                                   "/v1/completions, /v1/models and /weight_info; weight changes always need it",
@@ -44,5 +45,5 @@ class InferenceConfig:
                                          min=1.0, resumable=True)
     max_restarts: int = knob(5, doc="restarts of one server in a row without becoming healthy before the node "
                              "gives up (exits non-zero)", min=0, resumable=True)
-    vllm_cpu_kvcache_gb: float = knob(1.0, doc="vLLM on CPU (no GPUs): KV cache size (VLLM_CPU_KVCACHE_SPACE)",
-                                      min=0.1, resumable=True)
+    vllm_cpu_kvcache_gb: int = knob(1, doc="vLLM on CPU (no GPUs): KV cache GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB)",
+                                    min=1, resumable=True)

@@ -196,13 +196,17 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
-    def swap(self, loaded: LoadedModel, timeout_s: float | None = None) -> bool:
-        """Stage a fully loaded model; returns once it serves (True) or on timeout (False)."""
+    def stage(self, loaded: LoadedModel) -> threading.Event:
+        """Stage a fully loaded model; the returned event fires once it serves (non-blocking)."""
         applied = threading.Event()
         with self._wake:
             self._staged = (loaded, applied)
             self._wake.notify()
-        return applied.wait(timeout_s)
+        return applied
+
+    def swap(self, loaded: LoadedModel, timeout_s: float | None = None) -> bool:
+        """Stage a fully loaded model; returns once it serves (True) or on timeout (False)."""
+        return self.stage(loaded).wait(timeout_s)
 
     def close(self) -> None:
         with self._wake:

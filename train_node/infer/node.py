@@ -6,7 +6,8 @@ What it does (torch-free; the CPU engine runs in child processes):
 - Starts every server on the newest published policy (``RUN/policy/LATEST``), else the run's
   initial model (version 0).
 - Advertises each healthy server in ``RUN/endpoints/infer-<host>-<i>.json`` (atomic writes):
-  ``{"url", "version", "heartbeat", "role": "infer", "engine", "host", "index", "pid", "model"}``;
+  ``{"url", "version", "heartbeat", "role": "infer", "engine", "host", "index", "pid", "server_pid",
+  "model"}`` (``pid``: the infer-node; ``model``: the served model name);
   the heartbeat counter grows every ``heartbeat_s`` while the server answers ``/health``. A server
   that is down has no endpoint file.
 - Watches ``RUN/policy/LATEST`` and pushes each new version into every running server (in
@@ -51,6 +52,8 @@ class Server(Protocol):
     def healthy(self) -> bool: ...
     @property
     def url(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
     def reload(self, path: Path, version: int) -> None: ...
     def stop(self) -> None: ...
 
@@ -217,7 +220,7 @@ class InferNode:
         atomic_write_json(slot.endpoint, {
             "url": slot.server.url, "version": slot.version, "heartbeat": slot.heartbeat, "role": "infer",
             "engine": slot.server.engine, "host": self.host, "index": slot.index, "pid": os.getpid(),
-            "model": SERVED_MODEL_NAME,
+            "model": SERVED_MODEL_NAME, "server_pid": slot.server.pid,
         }, fsync=False)
 
     # --- policy updates ----------------------------------------------------------------------------

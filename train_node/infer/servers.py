@@ -57,7 +57,7 @@ class ServerSpec:
     vllm_args: tuple[str, ...] = ()
     tensor_parallel: int = 1
     gpus: tuple[str, ...] = ()
-    cpu_kvcache_gb: float = 1.0
+    cpu_kvcache_gb: int = 1
 
 
 class _Process:
@@ -77,6 +77,10 @@ class _Process:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def stop(self, grace_s: float = 15.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -136,6 +140,10 @@ class CpuServer:
 
     def alive(self) -> bool:
         return self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     def healthy(self) -> bool:
         if self._local_url is None:
@@ -198,7 +206,7 @@ class VllmServer:
         if self.spec.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.spec.gpus)
         else:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.spec.cpu_kvcache_gb:g}")
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.spec.cpu_kvcache_gb))
         return env
 
     def start(self, model: Path, version: int) -> None:
@@ -214,6 +222,10 @@ class VllmServer:
 
     def alive(self) -> bool:
         return self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     def healthy(self) -> bool:
         proxy = self._proxy

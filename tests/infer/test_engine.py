@@ -1,0 +1,139 @@
+"""The CPU engine in-process: batching exactness, exact weight swaps between decode steps, health."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infer_helpers import forward_logprobs, http
+
+from train_node.infer.engine import Engine, Sequence, load_model
+from train_node.infer.httpbase import make_server, server_url
+from train_node.infer.protocol import SamplingParams
+from train_node.infer.server import App, ServeOptions, make_handler
+
+TOL = 1e-4
+
+
+def _seq(prompt: list[int], max_tokens: int, seed: int) -> Sequence:
+    return Sequence(tuple(prompt), SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True, logprobs=1))
+
+
+def _max_diff(model_dir: Path, seq: Sequence, lo: int = 0, hi: int | None = None) -> float:
+    ref = forward_logprobs(model_dir, list(seq.prompt), seq.token_ids)
+    hi = len(seq.token_ids) if hi is None else hi
+    return max(abs(a - b) for a, b in zip(seq.logprobs[lo:hi], ref[lo:hi], strict=True))
+
+
+class StepCounter:
+    """Engine hook: counts decode steps, runs ``action`` once at step ``at``."""
+
+    def __init__(self, at: int, action: Any = None) -> None:
+        self.steps, self.at, self.action = 0, at, action
+        self.reached = threading.Event()
+
+    def __call__(self) -> None:
+        self.steps += 1
+        if self.steps == self.at:
+            if self.action is not None:
+                self.action()
+            self.reached.set()
+
+
+def test_staggered_joins_and_leaves_are_exact(models: dict[str, Path]) -> None:
+    """Sequences of different lengths join mid-flight and leave early; every logprob still matches HF."""
+    engine = Engine(load_model(models["a"], 0), max_batch=8)
+    hook = StepCounter(at=5)
+    engine.on_step = hook
+    try:
+        first = [_seq([1, 2, 3], 30, 0), _seq(list(range(10, 60)), 8, 1), _seq([7] * 17, 20, 2)]
+        engine.submit(first)
+        assert hook.reached.wait(120)
+        later = [_seq(list(range(100, 190)), 25, 3), _seq([42], 12, 4), _seq(list(range(5, 12)), 3, 5)]
+        engine.submit(later)
+        for s in first + later:
+            assert s.done.wait(120) and s.error is None
+        for s in first + later:
+            assert len(s.token_ids) == s.params.max_tokens
+            assert _max_diff(models["a"], s) < TOL
+    finally:
+        engine.close()
+
+
+def test_swap_between_decode_steps_is_exact(models: dict[str, Path]) -> None:
+    """A swap staged at step k: tokens [0, k) come from A, the rest from B, each matching its weights."""
+    engine = Engine(load_model(models["a"], 0), max_batch=8)
+    loaded_b = load_model(models["b"], 1)
+    hook = StepCounter(at=7, action=lambda: engine.stage(loaded_b))
+    engine.on_step = hook
+    try:
+        seqs = [_seq([1, 105, 230, 377], 20, 0), _seq(list(range(200, 260)), 20, 1)]
+        engine.submit(seqs)
+        for s in seqs:
+            assert s.done.wait(120) and s.error is None
+        for s in seqs:
+            assert s.spans == [[0, 0, 7], [1, 7, 20]]
+            assert _max_diff(models["a"], s, 0, 7) < TOL
+            assert _max_diff(models["b"], s, 7, 20) < TOL
+            # the check has teeth: the other weights explain these tokens badly
+            assert _max_diff(models["a"], s, 7, 20) > 0.1
+    finally:
+        engine.close()
+
+
+def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str, Path], tmp_path: Path) -> None:
+    app = App(ServeOptions(secret="s3cret"))
+    srv = make_server(make_handler(app), port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = server_url(srv, "127.0.0.1")
+    try:
+        assert http(url, "/health") == (503, {"status": "loading"})
+        assert http(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})[0] == 503
+        app.load(models["a"], 0)
+        assert http(url, "/health")[0] == 200
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "config.json").write_text("{}")
+        status, body = http(url, "/reload", {"path": str(broken), "version": 1}, token="s3cret")
+        assert status == 500 and "still serving version 0" in body["error"]["message"]
+        status, out = http(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1,
+                                                    "return_token_ids": True, "ignore_eos": True})
+        assert status == 200 and out["choices"][0]["weight_versions"] == [{"version": 0, "start": 0, "end": 4}]
+    finally:
+        srv.shutdown()
+        app.close()
+
+
+def test_reload_refused_without_configured_secret(models: dict[str, Path]) -> None:
+    app = App(ServeOptions(secret=None))
+    srv = make_server(make_handler(app), port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        app.load(models["a"], 0)
+        url = server_url(srv, "127.0.0.1")
+        status, body = http(url, "/reload", {"path": str(models["b"]), "version": 1}, token="anything")
+        assert status == 403 and app.engine is not None and app.engine.version == 0
+    finally:
+        srv.shutdown()
+        app.close()
+
+
+@pytest.mark.parametrize("top_p,top_k", [(0.5, -1), (1.0, 5)])
+def test_truncated_sampling_stays_in_the_kept_set(models: dict[str, Path], top_p: float, top_k: int) -> None:
+    engine = Engine(load_model(models["a"], 0))
+    try:
+        s = Sequence((1, 2, 3), SamplingParams(max_tokens=15, seed=3, top_p=top_p, top_k=top_k, ignore_eos=True,
+                                               logprobs=5))
+        engine.submit([s])
+        assert s.done.wait(60) and s.error is None
+        ref = forward_logprobs(models["a"], [1, 2, 3], s.token_ids)
+        assert max(abs(a - b) for a, b in zip(s.logprobs, ref, strict=True)) < TOL
+        for tok, top in zip(s.token_ids, s.top, strict=True):
+            ranked = sorted(top, key=lambda t: -top[t])
+            if top_k > 0:
+                assert tok in ranked[:top_k]
+            assert len(top) >= 5
+    finally:
+        engine.close()
