@@ -2,12 +2,13 @@
 
 Import map: :mod:`.template` (ChatML pieces as IDs), :mod:`.toolcall` (call format + parser),
 :mod:`.tools` (tools over a sandbox), :mod:`.policy` (the ``generate`` boundary), :mod:`.loop`
-(the episode), :mod:`.result` (what an episode returns), :mod:`.seeds` (sampling seeds),
+(the episode), :mod:`.result` (what an episode returns), :mod:`.seeds` (sampling seeds), :mod:`.prompts` (opening messages),
 :mod:`.client` / :mod:`.http` (the inference client). No torch, no transformers.
 """
 
 from rollout_node.agent.loop import AgentLimits, AgentLoop
 from rollout_node.agent.policy import Completion, Policy, SamplingParams
+from rollout_node.agent.prompts import SYSTEM_PROMPT, task_messages
 from rollout_node.agent.result import EpisodeResult, TurnRecord
 from rollout_node.agent.seeds import EpisodeSeed, sampling_seed
 from rollout_node.agent.template import ChatTemplate, Message
@@ -15,7 +16,7 @@ from rollout_node.agent.toolcall import TOOL_DOCS, ParseError, ToolCall, format_
 from rollout_node.agent.tools import SandboxTools, ToolOutput, Tools
 
 __all__ = [
-    "TOOL_DOCS", "AgentLimits", "AgentLoop", "ChatTemplate", "Completion", "EpisodeResult", "EpisodeSeed",
+    "SYSTEM_PROMPT", "TOOL_DOCS", "AgentLimits", "AgentLoop", "ChatTemplate", "Completion", "EpisodeResult", "EpisodeSeed",
     "Message", "ParseError", "Policy", "SamplingParams", "SandboxTools", "ToolCall", "ToolOutput", "Tools",
-    "TurnRecord", "format_tool_call", "parse_tool_call", "sampling_seed",
+    "TurnRecord", "format_tool_call", "parse_tool_call", "sampling_seed", "task_messages",
 ]
