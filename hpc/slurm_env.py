@@ -188,6 +188,11 @@ class SlurmEnv:
         return self.group_ntasks(self.het_group)
 
     @property
+    def node_index(self) -> int:
+        """Index of this node within the step (``SLURM_NODEID``): 0 on the step's first node."""
+        return _int(self.env, "SLURM_NODEID")
+
+    @property
     def local_rank(self) -> int:
         return _int(self.env, "SLURM_LOCALID")
 

@@ -13,7 +13,7 @@ if [ "$verb" = init ]; then
 fi
 role=${verb%-node}
 tag="$role-${SLURMD_NODENAME:-none}-${SLURM_PROCID:-0}-j${SLURM_JOB_ID:-0}-r${SLURM_RESTART_COUNT:-0}"
-env | grep -E '^(SLURM|SLURMD|CUDA_VISIBLE|SPOOLRL)' | sort >"$fake/$tag.env"
+env | grep -E '^(SLURM|SLURMD|CUDA_VISIBLE|SPOOLRL|APPTAINER_CONTAINER)' | sort >"$fake/$tag.env"
 trap 'echo USR1 >>"$fake/$tag.signals"; exit 0' USR1
 trap 'echo TERM >>"$fake/$tag.signals"; exit 0' TERM
 read -r secs status 2>/dev/null <"$fake/$role.plan" || { secs=600; status=0; }

@@ -264,3 +264,31 @@ def test_two_node_gloo_rendezvous_from_slurm_env(ci_python: Path) -> None:
     assert [r["rank"] for r in ranks] == [0, 1] and {r["node"] for r in ranks} == {"gpu1", "gpu2"}
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert ranks[0]["losses"] == pytest.approx(_reference_losses(), rel=1e-5)
+
+
+@pytest.mark.apptainer
+def test_infer_group_in_a_container_keeps_its_gpu(run_dir: Path, fake_python: Path) -> None:
+    from rollout_node.sandbox import default_image
+    from rollout_node.sandbox.runtimes import apptainer_unavailable_reason, find_apptainer
+
+    apptainer, image = find_apptainer(), default_image()
+    if apptainer is None:
+        pytest.skip(f"component unavailable: {apptainer_unavailable_reason()}")
+    if not Path(image, "bin", "bash").exists():
+        pytest.skip(f"component unavailable: no test image at {image} (scripts/build_image.sh)")
+    inner = run_dir / "fake_python.sh"  # inside the container only the run dir (bound) is visible
+    config = fast_config(fake_python, f"slurm.infer.container={image}", f"slurm.infer.python={inner}",
+                         f"slurm.infer.setup=['export PATH={Path(apptainer).parent}:$PATH']", "slurm.rollout.nodes=1")
+    paths = make_run(run_dir, config)
+    inner.write_bytes(fake_python.read_bytes())
+    inner.chmod(0o755)
+    chown_to_ci(paths.root)
+    job = _submit(paths, config)
+    envs = wait_for("3 tasks started", lambda: len(_envs(paths)) == 3 and _envs(paths), 60)
+    assert isinstance(envs, dict)
+    infer = next(env for tag, env in envs.items() if tag.startswith("infer"))
+    assert infer.get("APPTAINER_CONTAINER") == image  # it ran in the container ...
+    assert infer.get("CUDA_VISIBLE_DEVICES") in ("0", "1")  # ... with the GPU Slurm gave the group
+    train = next(env for tag, env in envs.items() if tag.startswith("train"))
+    assert "APPTAINER_CONTAINER" not in train
+    job.cancel()
