@@ -128,6 +128,31 @@ def read_records(paths: RunPaths) -> list[JobRecord]:
     return [JobRecord(**item) for item in data.get("jobs", [])]
 
 
+def discovered_records(paths: RunPaths) -> list[JobRecord]:
+    """Jobs known only from their batch scripts' event files (a rendered script submitted with plain
+    ``sbatch``): every spoolrl batch script writes ``RUN/metrics/batch-<job id>.jsonl``."""
+    out = []
+    for f in sorted(paths.metrics.glob("batch-*.jsonl")) if paths.metrics.is_dir() else []:
+        job_id = f.stem.removeprefix("batch-")
+        try:
+            first = json.loads(f.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        roles = str(first.get("roles", "")).split() if first.get("kind") == "job_start" else []
+        name = "het" if len(roles) > 1 else (roles[0] if roles else "?")
+        out.append(JobRecord(job_id=job_id, name=name, kind="sbatch", roles=roles, script="",
+                             submitted_at=float(first.get("t", 0))))
+    return out
+
+
+def known_jobs(paths: RunPaths) -> list[JobRecord]:
+    """Jobs submitted through spoolrl (RUN/slurm/jobs.json), then any others that ran on this run dir."""
+    records = read_records(paths)
+    seen = {r.job_id for r in records}
+    extra = [r for r in discovered_records(paths) if r.job_id.isdigit() and r.job_id not in seen]
+    return records + sorted(extra, key=lambda r: r.submitted_at)
+
+
 def _append_record(paths: RunPaths, record: JobRecord) -> None:
     records = [*read_records(paths), record]
     text = json.dumps({"jobs": [asdict(r) for r in records]}, indent=1) + "\n"
@@ -158,8 +183,8 @@ def submit(paths: RunPaths, jobs: list[RenderedJob], *, kind: str) -> list[tuple
 
 
 def active_jobs(paths: RunPaths) -> list[tuple[JobRecord, str]]:
-    """Recorded jobs that Slurm still runs or queues, with their state."""
-    records = read_records(paths)
+    """Known jobs that Slurm still runs or queues, with their state."""
+    records = known_jobs(paths)
     states = query_states([r.job_id for r in records])
     return [(r, states[r.job_id][0]) for r in records
             if states.get(r.job_id) and states[r.job_id][0].split()[0] in ACTIVE_STATES]

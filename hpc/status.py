@@ -3,10 +3,13 @@
 Guarantees:
 - Never raises for a missing or half-written piece (no job yet, no spool, no checkpoint, sacct
   down): that part is ``null`` or empty and ``errors[part]`` says why.
+- Jobs are those submitted through spoolrl (``RUN/slurm/jobs.json``) and any other job whose
+  batch script ran on this run directory (``RUN/metrics/batch-<id>.jsonl``, kind ``sbatch``), so a
+  run started with ``spoolrl render`` + ``sbatch`` is reported too.
 - Schema (``schema: 1``; fields are only ever added)::
 
     {"schema": 1, "run": str, "time": float,
-     "jobs": [{"job_id": str, "name": str, "kind": "launch"|"resume"|"scale", "state": str,
+     "jobs": [{"job_id": str, "name": str, "kind": "launch"|"resume"|"scale"|"sbatch", "state": str,
                "groups": [{"index": int, "role": str, "state": str}]}],
      "spool": {...Spool.stats()...} | null,
      "trainer": {"policy_version": int|null, "checkpoint": str|null, "step": int|null},
@@ -26,7 +29,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpc.launch import query_states, read_records
+from hpc.launch import known_jobs, query_states
 from hpc.paths import RunPaths
 
 SCHEMA = 1
@@ -41,7 +44,7 @@ def _read_text(path: Path) -> str | None:
 
 
 def jobs_part(paths: RunPaths) -> list[dict[str, tp.Any]]:
-    records = read_records(paths)
+    records = known_jobs(paths)
     states = query_states([r.job_id for r in records])
     out = []
     for r in records:
@@ -128,6 +131,10 @@ def run_status(run_dir: str | Path) -> dict[str, tp.Any]:
     return status
 
 
+def _or_dash(value: tp.Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def format_status(status: dict[str, tp.Any]) -> str:
     """The human-readable form of :func:`run_status`."""
     lines = [f"run {status['run']}"]
@@ -137,7 +144,8 @@ def format_status(status: dict[str, tp.Any]) -> str:
     if not status["jobs"]:
         lines.append("  no jobs submitted (spoolrl launch / spoolrl resume)")
     t = status["trainer"]
-    lines.append(f"  trainer: policy v{t['policy_version']}, checkpoint {t['checkpoint']}, step {t['step']}")
+    lines.append(f"  trainer: policy version {_or_dash(t['policy_version'])}, step {_or_dash(t['step'])}, "
+                 f"checkpoint {_or_dash(t['checkpoint'])}")
     if status["spool"] is not None:
         spool = status["spool"]
         keys = [k for k in sorted(spool) if k.startswith(("tasks_", "trajectories_", "shards_"))] or sorted(spool)

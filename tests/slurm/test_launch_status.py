@@ -91,7 +91,7 @@ def test_status_reads_pieces(tmp_path: Path) -> None:
     if status["spool"] is None:
         assert "spool" in status["errors"] or not paths.spool.is_dir()
     text = format_status(status)
-    assert "policy v7" in text and "failure" in text
+    assert "policy version 7" in text and "failure" in text
 
 
 def test_status_survives_a_broken_part(tmp_path: Path, monkeypatch: object) -> None:
@@ -104,3 +104,18 @@ def test_status_survives_a_broken_part(tmp_path: Path, monkeypatch: object) -> N
         os.chmod(paths.spool, 0o755)
     json.dumps(status)
     assert status["trainer"]["policy_version"] is None
+
+
+def test_jobs_submitted_with_plain_sbatch_are_found(tmp_path: Path) -> None:
+    from hpc.launch import known_jobs
+
+    paths = RunPaths(tmp_path)
+    paths.metrics.mkdir(parents=True)
+    (paths.metrics / "batch-77.jsonl").write_text(
+        '{"t": 5, "kind": "job_start", "process": "batch-77", "job_id": "77", "restart": 0, '
+        '"roles": "train infer rollout"}\n')
+    _append_record(paths, JobRecord(job_id="70", name="het", kind="launch", roles=["train"], script="s",
+                                    submitted_at=1.0))
+    jobs = known_jobs(paths)
+    assert [(j.job_id, j.kind, j.roles) for j in jobs] == [
+        ("70", "launch", ["train"]), ("77", "sbatch", ["train", "infer", "rollout"])]
