@@ -352,7 +352,9 @@ class TaskQueue:
                     break
                 file_name = self._candidates.pop()
                 if try_rename(self.ready / file_name, mine / file_name):
-                    return self._load(worker_id, mine / file_name, lease_s)
+                    lease = self._load(worker_id, mine / file_name, lease_s)
+                    if lease is not None:
+                        return lease
             else:
                 self._candidates = []  # 32 misses in a row: our listing has gone stale
         return None
@@ -360,11 +362,12 @@ class TaskQueue:
     def _load(self, worker_id: str, path: Path, lease_s: float) -> TaskLease | None:
         try:
             task = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            path.unlink(missing_ok=True)  # unreadable: not a task anyone can run
+            task_id = str(task["task_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # unreadable: not a task anyone can run; a re-put adds it again
             return None
         name, attempt = _split(path.name)
-        return TaskLease(task_id=str(task["task_id"]), task=task, worker_id=worker_id, attempt=attempt,
+        return TaskLease(task_id=task_id, task=task, worker_id=worker_id, attempt=attempt,
                          path=path, lease_s=lease_s)
 
     # -- end of a lease --------------------------------------------------------------------------

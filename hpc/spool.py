@@ -34,11 +34,13 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -47,7 +49,7 @@ from typing import Any
 import pyarrow as pa
 
 from hpc.config.spool import SpoolConfig
-from hpc.errors import CorruptShardError, FencedError
+from hpc.errors import CorruptShardError, FencedError, SpoolError
 from hpc.fsutil import atomic_write_json
 from hpc.lease import (
     Heartbeat,
@@ -155,6 +157,28 @@ class Spool:
         hb.beat(lease_s)
         self._last_beat[worker_id] = (time.monotonic(), lease_s)
 
+    @contextlib.contextmanager
+    def keepalive(self, worker_id: str) -> Iterator[None]:
+        """Heartbeat ``worker_id`` every ``heartbeat_interval_s`` from a thread while the block runs.
+
+        A stopped or killed process stops beating with it, so its leases expire as they should.
+        """
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.config.heartbeat_interval_s):
+                with contextlib.suppress(SpoolError):
+                    self.heartbeat(worker_id, lease_s=self._last_beat.get(worker_id, (0.0, None))[1])
+
+        self.heartbeat(worker_id)
+        thread = threading.Thread(target=beat, name=f"heartbeat-{worker_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
     def reclaim_expired(self) -> int:
         """Return the tasks of workers whose heartbeat stopped for a lease to ready; returns how many."""
         return self.tasks.reclaim_expired()
@@ -240,12 +264,15 @@ class Spool:
         shard_id = path.name[: -len(SUFFIX)]
         try:
             table = decode_table(path.read_bytes(), str(path))
-            keep, info = self._dedup(shard_id, table)
-            self._infos[shard_id] = info
-            return Shard(shard_id, path, table, keep, info)
         except CorruptShardError as exc:
             self._quarantine(path, str(exc), consumer_id)
             return None
+        except OSError as exc:  # an I/O error on the file itself: set aside like corruption, keep going
+            self._quarantine(path, f"{path}: unreadable: {exc}", consumer_id)
+            return None
+        keep, info = self._dedup(shard_id, table)
+        self._infos[shard_id] = info
+        return Shard(shard_id, path, table, keep, info)
 
     def _quarantine(self, path: Path, reason: str, consumer_id: str) -> None:
         self.corrupt_detected += 1
@@ -394,8 +421,9 @@ class Spool:
         for state, names in groups.items():
             out[f"shards_{state}"] = len(names)
             out[f"trajectories_{state}"] = sum(shard_count(n[: -len(SUFFIX)]) for n in names)
-        dup = sum(len(info.get("dropped", [])) for r in self._commit_records() for info in r.get("shards", {}).values())
-        out["trajectories_dropped_duplicate"] = dup
+        dropped = {sid: len(info.get("dropped", [])) for r in self._commit_records()
+                   for sid, info in r.get("shards", {}).items()}  # a shard recorded twice counts once
+        out["trajectories_dropped_duplicate"] = sum(dropped.values())
         out["trajectories_dropped_other"] = sum(len(r.get("trajectories", [])) for r in self._drop_records())
         out["tmp_files"] = sum(1 for n in ready_all if n.startswith(".tmp@"))
         out["generation"] = self.current_generation()

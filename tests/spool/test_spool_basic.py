@@ -56,7 +56,7 @@ def test_release_returns_task_with_next_attempt(tmp_path: Path) -> None:
 
 
 def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> None:
-    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.5)
+    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.2)
     spool = Spool(tmp_path, config)
     spool.put_tasks([{"task_id": "slow"}, {"task_id": "alive"}])
     dead = spool.claim_task("dead")
@@ -64,10 +64,10 @@ def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> N
     assert dead is not None and live is not None
     reaper = Spool(tmp_path, config)
     assert reaper.reclaim_expired() == 0  # first sight: a fresh observer never reclaims
-    for _ in range(3):
-        time.sleep(0.6)
-        spool.heartbeat("live")  # "live" keeps beating, "dead" does not
-        reaper.reclaim_expired()
+    with spool.keepalive("live"):  # "live" keeps beating from a thread, "dead" does not
+        for _ in range(3):
+            time.sleep(0.6)
+            reaper.reclaim_expired()
     stats = reaper.stats()
     assert (stats["tasks_ready"], stats["tasks_claimed"]) == (1, 1)
     assert not spool.finish_task(dead)  # late: rejected
