@@ -18,6 +18,7 @@ def _loss(ratios: list[float], advs: list[float], mask: list[float], total: floa
     loss, sums = policy_loss(logp, beh, torch.tensor(advs, dtype=torch.float64),
                              torch.tensor(mask, dtype=torch.float64), params=params, total_tokens=total)
     loss.backward()
+    assert logp.grad is not None
     return float(loss.detach()), logp.grad.tolist(), sums
 
 

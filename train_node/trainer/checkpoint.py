@@ -41,12 +41,27 @@ from hpc.fsutil import atomic_write_json, atomic_write_text, fsync_dir, read_jso
 from hpc.paths import RunPaths
 from train_node.trainer.faults import fault_point
 
-_TAG = re.compile(r"^step_(\d{6,})$")
+_TAG = re.compile(r"^step_(\d{6,})(-\d+)?$")
 DS_TAG = "state"
 
 
 def tag_for(step: int) -> str:
     return f"step_{step:06d}"
+
+
+def step_of(tag: str | None) -> int | None:
+    m = _TAG.match(tag or "")
+    return int(m.group(1)) if m else None
+
+
+def new_tag(paths: RunPaths, step: int) -> str:
+    """``step_NNNNNN``; a second checkpoint at the same step (a drain that only dropped samples) gets ``-k``."""
+    latest = latest_tag(paths)
+    if step_of(latest) != step:
+        return tag_for(step)
+    assert latest is not None
+    k = int(latest.rpartition("-")[2]) + 1 if "-" in latest else 1
+    return f"{tag_for(step)}-{k}"
 
 
 def latest_tag(paths: RunPaths) -> str | None:
@@ -107,7 +122,7 @@ def _broadcast_str(value: str | None) -> str:
 def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: list[dict[str, Any]]) -> str:
     """Collective: every rank writes its engine shard and RNG state; rank 0 writes the rest and flips LATEST."""
     rank = tdist.get_rank()
-    tag = tag_for(step)
+    tag = new_tag(paths, step) if rank == 0 else ""
     target = paths.checkpoints / tag
     tmp = Path(_broadcast_str(str(tmp_name(target)) if rank == 0 else None))
     if rank == 0:

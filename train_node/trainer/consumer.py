@@ -99,6 +99,7 @@ class Consumer:
         self.groups: OrderedDict[tuple[str, str], list[tuple[str, Trajectory]]] = OrderedDict()
         self.inflight: set[str] = set()
         self.staged: list[_Staged] = []
+        self.group_done: Counter[tuple[str, str]] = Counter()
         self.ledger: list[dict[str, Any]] = []  # outcomes since the last checkpoint
         self.covered: list[str] = []  # shards fully resolved since the last checkpoint
         self.drops: Counter[str] = Counter()
@@ -123,9 +124,11 @@ class Consumer:
                 self._resolve(sid, row["trajectory_id"], row["task_id"], "dropped", row.get("reason", "duplicate_task"))
         for traj in shard.trajectories():
             entry.total += 1
+            key = (traj.task_id, traj.group_id)
             if traj.trajectory_id in already:
+                self.group_done[key] += 1  # decided before a restart; still counts towards completeness
                 continue
-            self.groups.setdefault((traj.task_id, traj.group_id), []).append((sid, traj))
+            self.groups.setdefault(key, []).append((sid, traj))
         self._maybe_cover(sid)
 
     # ------------------------------------------------------------------ outcomes
@@ -156,9 +159,10 @@ class Consumer:
     # ------------------------------------------------------------------ batching
     def next_batch(self, trainer_version: int, num_groups: int, *, allow_partial: bool = False) -> Batch | None:
         """``num_groups`` trainable groups in arrival order (fewer only with ``allow_partial``), else None."""
-        for key in [k for k, m in self.groups.items() if len(m) >= self.acfg.group_size]:
+        for key in [k for k in self.groups if self._complete(k)]:
             if len(self.staged) >= num_groups:
                 break
+            self.group_done.pop(key, None)
             kept = self._filter_group(self.groups.pop(key), trainer_version)
             if kept is not None:
                 self.staged.append(kept)
@@ -166,6 +170,9 @@ class Consumer:
             return None
         picked, self.staged = self.staged[:num_groups], self.staged[num_groups:]
         return self._make_batch(picked, trainer_version)
+
+    def _complete(self, key: tuple[str, str]) -> bool:
+        return len(self.groups[key]) + self.group_done[key] >= self.acfg.group_size
 
     def _filter_group(self, members: list[tuple[str, Trajectory]], version: int) -> _Staged | None:
         """Drop what must not be trained; returns the kept members with advantages, or None."""
@@ -234,7 +241,19 @@ class Consumer:
         return len(self.groups)
 
     def complete_groups(self) -> int:
-        return len(self.staged) + sum(1 for m in self.groups.values() if len(m) >= self.acfg.group_size)
+        return len(self.staged) + sum(1 for k in self.groups if self._complete(k))
+
+    def drop_incomplete(self) -> int:
+        """At the end of a drain: groups still short of ``group_size`` will never complete; drop them."""
+        keys = [k for k in self.groups if not self._complete(k)]
+        for key in keys:
+            self.group_done.pop(key, None)
+            self._drop_group(self.groups.pop(key), "incomplete_group")
+        return len(keys)
+
+    def has_delta(self) -> bool:
+        """Outcomes or covered shards not yet in a checkpoint."""
+        return bool(self.ledger or self.covered)
 
     def take_checkpoint_delta(self) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
         """(ledger since the last checkpoint, shards it covers, state to save); resets the deltas."""

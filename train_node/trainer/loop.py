@@ -85,6 +85,7 @@ class Trainer:
         if self.rank == 0:
             self._setup_rank0(meta)
         self._publish_initial()
+        self.counters = Counters()  # idle time and throughput count from here, not from process start
 
     def _latest_meta(self) -> dict[str, Any] | None:
         box: list[Any] = [None]
@@ -179,7 +180,9 @@ class Trainer:
     def _decide(self) -> dict[str, Any]:
         reason = self._stop_reason()
         if reason:
-            final = self.step > 0 and ckpt.latest_tag(self.paths) != ckpt.tag_for(self.step)
+            with self.consumer.lock:
+                unsaved = self.consumer.has_delta()
+            final = unsaved or (self.step > 0 and ckpt.step_of(ckpt.latest_tag(self.paths)) != self.step)
             return {"cmd": "stop", "reason": reason, "checkpoint": final}
         if self.feeder is not None:
             with self.consumer.lock:
@@ -212,8 +215,10 @@ class Trainer:
 
     def _drained(self) -> bool:
         with self.consumer.lock:
-            buffered = self.consumer.complete_groups()
-        return buffered == 0 and self.spool.pending_work() == 0 and self.source._ready is None
+            if self.source.has_ready() or self.consumer.complete_groups() or self.spool.pending_work():
+                return False
+            self.consumer.drop_incomplete()
+        return True
 
     # ================================================================== one step
     def train_step(self, msg: dict[str, Any]) -> StepResult:

@@ -36,14 +36,13 @@ class BatchSource:
             self._thread.start()
 
     def _try_build(self) -> Batch | None:
-        """One attempt: build from the buffer, else claim shards and try again."""
-        with self.consumer.lock:
+        """One attempt: build from the buffer, else claim shards and try again (caller holds the lock)."""
+        batch = self.consumer.next_batch(self.version(), self.num_groups)
+        if batch is None and self.consumer.poll():
             batch = self.consumer.next_batch(self.version(), self.num_groups)
-            if batch is None and self.consumer.poll():
-                batch = self.consumer.next_batch(self.version(), self.num_groups)
-            if batch is None and self.draining():
-                batch = self.consumer.next_batch(self.version(), self.num_groups, allow_partial=True)
-            return batch
+        if batch is None and self.draining():
+            batch = self.consumer.next_batch(self.version(), self.num_groups, allow_partial=True)
+        return batch
 
     def _loop(self) -> None:
         try:
@@ -53,11 +52,12 @@ class BatchSource:
                         self._cv.wait()
                     if self._stop:
                         return
-                batch = self._try_build()
-                with self._cv:
+                with self.consumer.lock:  # a drain check never sees a batch between buffer and slot
+                    batch = self._try_build()
                     if batch is not None:
-                        self._ready = batch
-                        self._cv.notify_all()
+                        with self._cv:
+                            self._ready = batch
+                            self._cv.notify_all()
                 if batch is None:
                     time.sleep(self.poll_interval_s)
         except BaseException as exc:  # surfaced by get()
@@ -71,7 +71,8 @@ class BatchSource:
         if not self.prefetch:
             deadline = t0 + timeout_s
             while True:
-                batch = self._try_build()
+                with self.consumer.lock:
+                    batch = self._try_build()
                 if batch is not None or time.perf_counter() >= deadline:
                     return batch, time.perf_counter() - t0
                 time.sleep(self.poll_interval_s)
@@ -82,6 +83,10 @@ class BatchSource:
             batch, self._ready = self._ready, None
             self._cv.notify_all()
         return batch, time.perf_counter() - t0
+
+    def has_ready(self) -> bool:
+        with self._cv:
+            return self._ready is not None
 
     def close(self) -> None:
         with self._cv:
