@@ -67,7 +67,7 @@ def test_gold_scores_1_and_empty_scores_0_for_every_builtin_instance(env: dict[s
     for task, g, e in zip(tasks, gold, empty, strict=True):
         assert (g.status, g.reward, e.status, e.reward) == ("ok", 1.0, "ok", 0.0), (task.instance_id, g.log, e.log)
         assert set(g.outcomes) == set(task.tests) and set(g.outcomes.values()) == {"PASSED"}
-        assert all(e.outcomes[t] == "FAILED" for t in task.FAIL_TO_PASS)
+        assert all(e.outcomes[t] in ("FAILED", "ERROR") for t in task.FAIL_TO_PASS)  # ERROR: import fails
         assert all(e.outcomes[t] == "PASSED" for t in task.PASS_TO_PASS)
     assert not any(env["scratch"].iterdir()), "eval trees must be removed"
 

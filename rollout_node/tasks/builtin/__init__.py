@@ -1,4 +1,4 @@
-"""The built-in task set: three small Python repositories written for spoolrl, each with real bugs.
+"""The built-in task set: four small Python repositories written for spoolrl, each with real bugs.
 
 Guarantees:
 - ``repos/<name>/`` holds each repository as plain files (no ``.git``); :func:`ensure_builtin_repos`

@@ -21,7 +21,7 @@ from rollout_node.tasks.repos import ensure_mirror, run_git
 def apply_edits(root: Path, edits: tuple[Edit, ...]) -> None:
     for rel, old, new in edits:
         path = root / rel
-        text = path.read_text()
+        text = path.read_text() if path.exists() else ""
         if old:
             assert text.count(old) == 1, f"{rel}: edit anchor must occur exactly once: {old!r}"
             text = text.replace(old, new)
@@ -33,13 +33,14 @@ def apply_edits(root: Path, edits: tuple[Edit, ...]) -> None:
 def diff_of(root: Path, edits: tuple[Edit, ...]) -> str:
     """Apply edits to the checkout at ``root``, return the diff, and restore the checkout."""
     apply_edits(root, edits)
-    out = run_git(["-C", root, "diff", "--no-color", "--no-ext-diff"]).stdout.decode()
-    run_git(["-C", root, "checkout", "-q", "--", "."])
+    run_git(["-C", root, "add", "-A"])
+    out = run_git(["-C", root, "diff", "--cached", "--no-color", "--no-ext-diff"]).stdout.decode()
+    run_git(["-C", root, "reset", "-q", "--hard"])
     return out
 
 
-def existing_tests(root: Path, edits: tuple[Edit, ...]) -> list[str]:
-    files = sorted({rel for rel, _, _ in edits})
+def existing_tests(root: Path, spec: Spec) -> list[str]:
+    files = sorted({rel for rel, _, _ in spec.tests if (root / rel).exists()} | set(spec.p2p_files))
     return [f"{rel}::{name}" for rel in files for name in re.findall(r"^def (test_\w+)", (root / rel).read_text(), re.M)]
 
 
@@ -53,7 +54,7 @@ def instance(spec: Spec, root: Path, commit: str) -> dict[str, object]:
         "patch": diff_of(root, spec.fix),
         "test_patch": diff_of(root, spec.tests),
         "FAIL_TO_PASS": list(spec.fail_to_pass),
-        "PASS_TO_PASS": existing_tests(root, spec.tests),
+        "PASS_TO_PASS": existing_tests(root, spec),
         "image": "",
         "environment_setup_commit": commit,
         "version": "0.1",

@@ -2,8 +2,9 @@
 
 Each instance fixes one bug: ``fix`` edits the library (the gold patch), ``tests`` adds the tests
 that fail before the fix (the test patch). An edit is ``(path, old, new)``: ``old`` is replaced
-once (it must occur exactly once); an empty ``old`` appends ``new`` to the file.
-PASS_TO_PASS is every test already in the test files the test patch touches.
+once (it must occur exactly once); an empty ``old`` appends ``new`` to the file (creating it).
+PASS_TO_PASS is every test already in the test files the test patch touches, plus those in
+``p2p_files``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Spec:
     fix: tuple[Edit, ...]
     tests: tuple[Edit, ...]
     fail_to_pass: tuple[str, ...]
+    p2p_files: tuple[str, ...] = ()
 
 
 TK_CORE = "textkit/core.py"
@@ -30,6 +32,8 @@ IV_TEST = "tests/test_intervals.py"
 TF_CSV = "tinyformats/csvlite.py"
 TF_INI = "tinyformats/ini.py"
 TF_TEST = "tests/test_tinyformats.py"
+UN_MONEY = "units/money.py"
+UN_MONEY_TEST = "tests/test_money.py"
 
 SPECS: tuple[Spec, ...] = (
     Spec("textkit", 1,
@@ -147,4 +151,68 @@ SPECS: tuple[Spec, ...] = (
          ((TF_TEST, "", "\n\ndef test_ini_semicolon_comments():\n"
                         "    assert parse_ini(\"; generated\\n[s]\\nk = v\\n\") == {\"\": {}, \"s\": {\"k\": \"v\"}}\n"),),
          (f"{TF_TEST}::test_ini_semicolon_comments",)),
+    Spec("units", 1,
+         "Money.parse() gets negative amounts wrong\n\n"
+         "`Money.parse(\"-0.50\")` gives `Money(cents=50)` and `Money.parse(\"-1.25\")` gives "
+         "`Money(cents=-75)`; expected -50 and -125 cents. The sign applies to the whole amount.\n",
+         ((UN_MONEY, "        whole, _, frac = text.strip().partition(\".\")\n        frac = (frac + \"00\")[:2]\n"
+                     "        return cls(int(whole) * 100 + int(frac), currency)\n",
+           "        text = text.strip()\n        sign = -1 if text.startswith(\"-\") else 1\n"
+           "        whole, _, frac = text.lstrip(\"+-\").partition(\".\")\n        frac = (frac + \"00\")[:2]\n"
+           "        return cls(sign * (int(whole or \"0\") * 100 + int(frac)), currency)\n"),),
+         ((UN_MONEY_TEST, "", "\n\ndef test_parse_negative():\n    assert Money.parse(\"-0.50\") == Money(-50)\n"
+                              "    assert Money.parse(\"-1.25\") == Money(-125)\n"
+                              "    assert Money.parse(\"-1.25\").format() == \"-1.25 EUR\"\n"),),
+         (f"{UN_MONEY_TEST}::test_parse_negative",)),
+    Spec("units", 2,
+         "Money.split() loses cents\n\n"
+         "`Money(100).split(3)` returns three times 33 cents: one cent disappears. The parts should add up to "
+         "the amount and differ by at most one cent (`[34, 33, 33]`).\n",
+         ((UN_MONEY, "        share = self.cents // parts\n"
+                     "        return [Money(share, self.currency) for _ in range(parts)]\n",
+           "        share, extra = divmod(self.cents, parts)\n"
+           "        return [Money(share + (1 if i < extra else 0), self.currency) for i in range(parts)]\n"),),
+         ((UN_MONEY_TEST, "", "\n\ndef test_split_keeps_every_cent():\n    parts = Money(100).split(3)\n"
+                              "    assert parts == [Money(34), Money(33), Money(33)]\n"
+                              "    assert sum(p.cents for p in Money(1001).split(4)) == 1001\n"),),
+         (f"{UN_MONEY_TEST}::test_split_keeps_every_cent",)),
+    Spec("units", 3,
+         "Adding amounts in different currencies silently mixes them\n\n"
+         "`Money(100, \"EUR\") + Money(100, \"USD\")` returns `Money(200, \"EUR\")`. It should raise "
+         "ValueError naming both currencies.\n",
+         ((UN_MONEY, "    def __add__(self, other: Money) -> Money:\n",
+           "    def __add__(self, other: Money) -> Money:\n        if other.currency != self.currency:\n"
+           "            raise ValueError(f\"cannot add {other.currency} to {self.currency}\")\n"),),
+         ((UN_MONEY_TEST, "from units import Money\n", "import pytest\n\nfrom units import Money\n"),
+          (UN_MONEY_TEST, "", "\n\ndef test_add_different_currencies_raises():\n"
+                              "    with pytest.raises(ValueError, match=\"USD\"):\n"
+                              "        Money(100, \"EUR\") + Money(100, \"USD\")\n")),
+         (f"{UN_MONEY_TEST}::test_add_different_currencies_raises",)),
+    Spec("units", 4,
+         "convert(): unknown units give a bare KeyError\n\n"
+         "`convert(1, \"furlong\", \"m\")` raises `KeyError: 'furlong'`. Please raise a dedicated "
+         "`units.errors.UnknownUnitError` (a ValueError subclass, also exported as `units.UnknownUnitError`) "
+         "whose message names the unknown unit and lists the known ones.\n",
+         (("units/errors.py", "", "\"\"\"Errors of the units package.\"\"\"\n\n\n"
+                                  "class UnknownUnitError(ValueError):\n"
+                                  "    \"\"\"A unit name that the conversion table does not know.\"\"\"\n\n"
+                                  "    def __init__(self, unit: str, known: list[str]) -> None:\n"
+                                  "        super().__init__(f\"unknown unit {unit!r}; known units: {', '.join(known)}\")\n"
+                                  "        self.unit = unit\n"),
+          ("units/convert.py", "from __future__ import annotations\n",
+           "from __future__ import annotations\n\nfrom units.errors import UnknownUnitError\n"),
+          ("units/convert.py", "    return value * METRES",
+           "    for unit in (from_unit, to_unit):\n        if unit not in METRES:\n"
+           "            raise UnknownUnitError(unit, sorted(METRES))\n    return value * METRES"),
+          ("units/__init__.py", "from units.convert import convert\n",
+           "from units.convert import convert\nfrom units.errors import UnknownUnitError\n"),
+          ("units/__init__.py", '__all__ = ["Money", "convert"]', '__all__ = ["Money", "UnknownUnitError", "convert"]')),
+         (("tests/test_errors.py", "", "import pytest\n\nfrom units import convert\n"
+                                       "from units.errors import UnknownUnitError\n\n\n"
+                                       "def test_unknown_unit_names_the_unit():\n"
+                                       "    with pytest.raises(UnknownUnitError, match=\"furlong\"):\n"
+                                       "        convert(1, \"furlong\", \"m\")\n"
+                                       "    with pytest.raises(ValueError, match=\"known units: cm, ft\"):\n"
+                                       "        convert(1, \"m\", \"parsec\")\n"),),
+         ("tests/test_errors.py::test_unknown_unit_names_the_unit",), p2p_files=("tests/test_convert.py",)),
 )
