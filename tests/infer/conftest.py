@@ -39,6 +39,7 @@ def server(request: pytest.FixtureRequest, models: dict[str, Path],
     handle.start(models["a"], 0)
     try:
         wait_healthy(handle, 480.0 if engine == "vllm" else 180.0)
+        assert handle.url is not None
         yield Running(engine, handle.url, handle, SECRET, {0: models["a"]})
     finally:
         handle.stop()
