@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_hf_format_tokenizer_and_chat_template(models: dict[str, Path]) -> None:
 
     cfg = AutoConfig.from_pretrained(models["a"])
     assert cfg.model_type == "qwen2" and cfg.tie_word_embeddings is False and cfg.max_position_embeddings == 2048
-    tok = AutoTokenizer.from_pretrained(models["a"])
+    tok: Any = AutoTokenizer.from_pretrained(models["a"])
     assert tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|endoftext|>"
     start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     ids = tok.apply_chat_template([{"role": "user", "content": "def f(x):\n    return x"}],
