@@ -311,10 +311,13 @@ class TaskQueue:
 
     # -- put ------------------------------------------------------------------------------------
     def known_names(self) -> set[str]:
+        """Every task name in any state. The order ready, claimed, done, ready again sees a task that
+        moves during the listing (claim, finish, reclaim) in at least one of the listings."""
         names = {_split(n)[0] for n in visible(listdir(self.ready))}
         for worker in visible(listdir(self.claimed)):
             names.update(_split(n)[0] for n in visible(listdir(self.claimed / worker)))
         names.update(_split(n)[0] for n in visible(listdir(self.done)))
+        names.update(_split(n)[0] for n in visible(listdir(self.ready)))
         return names
 
     def put(self, tasks: Iterable[Mapping[str, Any]]) -> int:

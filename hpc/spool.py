@@ -121,6 +121,7 @@ class Spool:
         self._polls = 0
         self._cleaner = TmpCleaner(self.config.lease_s)
         self._made: set[Path] = set()
+        self._next_sweep = 0.0
         self._infos: dict[str, dict[str, Any]] = {}  # claimed here, not yet committed
         self.corrupt_detected = 0
 
@@ -205,12 +206,17 @@ class Spool:
 
     # =========================================================================== consuming
     def claim_shards(self, consumer_id: str, max_shards: int) -> list[Shard]:
-        """Claim up to ``max_shards`` ready shards (oldest first); corrupt ones are quarantined."""
+        """Claim up to ``max_shards`` ready shards (oldest first); corrupt ones are quarantined.
+
+        Raises FencedError for a consumer of an older generation (it must stop, not hoard shards).
+        """
+        self._maybe_sweep(consumer_id)
         listing = listdir(self.ready)
         self._clean_tmp(listing)
         names = sorted(n for n in visible(listing) if n.endswith(SUFFIX))
-        if not names:
+        if not names or max_shards <= 0:
             return []
+        self._check_fence(consumer_id)
         mine = self._claim_dir(consumer_id)
         out: list[Shard] = []
         for name in names:
@@ -390,14 +396,25 @@ class Spool:
         self.clean_temporaries()
         return out
 
-    def _stale_claim_dirs(self, consumer_id: str, generation: int) -> list[Path]:
+    def _maybe_sweep(self, consumer_id: str) -> None:
+        """Now and then, the current consumer returns shards that stale generations claimed after
+        its ``recover`` (a fenced trainer that still ran for a while) to ready."""
+        generation = self._generation.get(consumer_id, 0)
+        if not generation or time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + max(1.0, self.config.lease_s / 4)
+        for directory in self._stale_claim_dirs(consumer_id, generation, include_own=False):
+            for name in visible(listdir(directory)):
+                try_rename(directory / name, self.ready / name, check_dst=False)
+
+    def _stale_claim_dirs(self, consumer_id: str, generation: int, include_own: bool = True) -> list[Path]:
         me = safe_name(consumer_id)
         out = []
         for name in visible(listdir(self.claimed)):
             who, _, gen = name.rpartition("@g")
             if not gen.isdigit():
                 continue
-            if who == me or int(gen) < generation:
+            if (include_own and who == me) or int(gen) < generation:
                 out.append(self.claimed / name)
         return out
 

@@ -155,8 +155,14 @@ def test_fencing_stops_a_stale_consumer(tmp_path: Path) -> None:
     with pytest.raises(FencedError):
         Spool(tmp_path).commit("never-fenced", [])
     assert new.recover("trainer", []) == {"committed": 0, "returned": 1}
-    assert len(_consume_all(new, "trainer")) == 2
+    with pytest.raises(FencedError):
+        old.claim_shards("trainer", 10)  # a stale trainer may not hoard shards either
+    (shard,) = new.ready.glob("*.shard")  # ... but if it won a race and claimed one after recover:
+    stale_dir = new.claimed / "trainer@g1"
+    shard.rename(stale_dir / shard.name)
+    assert len(_consume_all(new, "trainer")) == 2  # the current trainer sweeps it back and trains it
     assert new.stats()["trajectories_committed"] == 2
+    assert list(stale_dir.iterdir()) == []
 
 
 def test_recover_commits_checkpointed_and_returns_the_rest(tmp_path: Path) -> None:
