@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import site
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_helpers import CI_USER, FAKE_PYTHON, SHARED, as_ci_user
+from slurm_helpers import CI_USER, FAKE_PYTHON, SHARED, ci_python_for
 
 
 @pytest.fixture(scope="session")
@@ -58,27 +56,11 @@ def fake_python(ci_user: str) -> Path:
 
 @pytest.fixture(scope="session")
 def ci_python(ci_user: str) -> Path:
-    """An interpreter the CI user can run that imports this checkout and its venv's packages.
-
-    The dev venv's interpreter may live in root's (mode 700) home, so a venv is made from the
-    system python3 with a .pth that adds this venv's site-packages."""
-    base = Path("/usr/bin/python3")
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    probe = subprocess.run([str(base), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0 or probe.stdout.strip() != version:
-        pytest.skip(f"component unavailable: no /usr/bin/python3 {version} to build the CI user's venv")
-    venv = SHARED / "spoolrl-tests" / f"venv-{version}"
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
-    pth = venv / "lib" / f"python{version}" / "site-packages" / "spoolrl-dev.pth"
-    dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
-    pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs))
-    check = as_ci_user([str(venv / "bin" / "python"), "-c", "import hpc.cli, submitit, yaml"])
-    if check.returncode != 0:
-        pytest.skip(f"component unavailable: {CI_USER} cannot import this checkout ({check.stderr.strip()[-200:]});"
-                    " put the repository and its venv where that user can read them")
-    return venv / "bin" / "python"
+    """An interpreter the CI user can run that imports this checkout (see slurm_helpers.ci_python_for)."""
+    python, reason = ci_python_for(ci_user)
+    if python is None:
+        pytest.skip(f"component unavailable: {reason}")
+    return python
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import site
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,33 @@ SLURM_ROOT = Path(os.environ.get("SPOOLRL_SLURM_ROOT", "/var/lib/spoolrl-slurm")
 SHARED = SLURM_ROOT / "shared"
 CI_USER = os.environ.get("SPOOLRL_SLURM_USER") or "spoolrl-ci"
 FAKE_PYTHON = Path(__file__).with_name("fake_python.sh")
+
+
+def ci_python_for(user: str) -> tuple[Path | None, str]:
+    """(python, "") for a venv ``user`` can run that imports this checkout and the dev venv's packages,
+    or (None, why not). The dev venv's interpreter may sit in root's mode-700 home, so the venv is
+    made from the system python3 of the same version, with a .pth adding this venv's site-packages.
+    Jobs of the end-to-end test can use it as ``slurm.<group>.python``."""
+    base = Path("/usr/bin/python3")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    probe = subprocess.run([str(base), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0 or probe.stdout.strip() != version:
+        return None, f"no /usr/bin/python3 {version} to build the {user} venv from"
+    venv = SHARED / "spoolrl-tests" / f"venv-{version}"
+    venv.parent.mkdir(exist_ok=True)
+    os.chmod(venv.parent, 0o1777)
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+    pth = venv / "lib" / f"python{version}" / "site-packages" / "spoolrl-dev.pth"
+    dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs))
+    check = subprocess.run(["runuser", "-u", user, "--", str(venv / "bin" / "python"), "-c",
+                            "import hpc.cli, submitit, yaml"], capture_output=True, text=True, timeout=120)
+    if check.returncode != 0:
+        return None, (f"{user} cannot import this checkout ({check.stderr.strip()[-200:]}); put the repository "
+                      "and its venv where that user can read them")
+    return venv / "bin" / "python", ""
 
 
 def as_ci_user(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:

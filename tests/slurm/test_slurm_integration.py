@@ -81,6 +81,8 @@ def test_groups_placement_logs_and_submitit_tracking(run_dir: Path, fake_python:
     train_env = next(iter(envs[t] for t in envs if t.startswith("train")))
     assert train_env.get("CUDA_VISIBLE_DEVICES") in ("0", "1")  # one fake GPU reached the train step
     assert by_role["train"][0].rendezvous(0)[0] in ("gpu1", "gpu2")
+    left = by_role["rollout"][0].remaining_s()  # 22.05 exports no SLURM_JOB_END_TIME: squeue answers
+    assert left is not None and 200 < left <= 300
     init = (paths.root / "fake" / "init.log").read_text()
     assert f"init {paths.root} --config {paths.root}/run.yaml --if-missing" in init
     for role in ("train", "infer", "rollout"):
