@@ -15,11 +15,24 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpc.config import TasksConfig
+from hpc.paths import RunPaths
 from rollout_node.tasks.builtin import builtin_repos, ensure_builtin_repos
 from rollout_node.tasks.instance import TaskInstance
 from rollout_node.tasks.repos import has_commit, mirror_name, run_git
 
 DEFAULT_URL = "https://github.com/{repo}.git"
+
+
+def run_repo_cache(tasks_cfg: TasksConfig, run_dir: Path) -> Path:
+    """The repo cache of a run: ``tasks.repo_cache``, else ``RUN/repos``; built-in repos are put there.
+
+    Safe to call from every rollout node at once (mirrors appear atomically).
+    """
+    cache = Path(tasks_cfg.repo_cache) if tasks_cfg.repo_cache else RunPaths(run_dir).repos
+    if tasks_cfg.source == "builtin":
+        ensure_builtin_repos(cache)
+    return cache
 
 
 def mirror_repo(cache_dir: Path, repo: str, source: str, *, update: bool = False) -> tuple[Path, str]:

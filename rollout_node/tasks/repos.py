@@ -85,9 +85,13 @@ def has_commit(git_dir: Path, commit: str) -> bool:
     return run_git(["--git-dir", git_dir, "cat-file", "-e", f"{commit}^{{commit}}"], check=False).returncode == 0
 
 
+JUNK_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"})
+
+
 def source_files(src: Path) -> list[Path]:
-    """Files of a packaged repository, sorted, without bytecode caches."""
-    files = [p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    """Files of a packaged repository, sorted, without caches a local test run may have left."""
+    files = [p for p in src.rglob("*") if p.is_file() and not JUNK_DIRS.intersection(p.relative_to(src).parts)
+             and p.suffix not in (".pyc", ".pyo")]
     return sorted(files, key=lambda p: p.relative_to(src).as_posix())
 
 
@@ -97,7 +101,7 @@ def materialise(src: Path, git_dir: Path, name: str) -> str:
     Plumbing only (hash-object, update-index, commit-tree) with fixed identity, dates, modes and
     message: the id depends on file contents alone, not on umask, clock or user config.
     """
-    run_git(["init", "-q", "--bare", git_dir])
+    run_git(["init", "-q", "--bare", "--template=", git_dir])
     files = source_files(src)
     paths = "\n".join(str(p) for p in files).encode()
     shas = git_out(["--git-dir", git_dir, "hash-object", "-w", "--no-filters", "--stdin-paths"], input=paths).split()
@@ -111,6 +115,8 @@ def materialise(src: Path, git_dir: Path, name: str) -> str:
                      env=dates)
     run_git(["--git-dir", git_dir, "update-ref", "refs/heads/main", commit])
     run_git(["--git-dir", git_dir, "symbolic-ref", "HEAD", "refs/heads/main"])
+    run_git(["--git-dir", git_dir, "repack", "-a", "-d", "-q"])  # one pack: few files on a shared filesystem
+    run_git(["--git-dir", git_dir, "prune-packed"])
     return commit
 
 
@@ -140,7 +146,7 @@ def prepare_workdir(task: TaskInstance, workdir: Path, repo_cache: Path) -> None
     workdir.mkdir(parents=True, exist_ok=True)
     if any(workdir.iterdir()):
         raise UsageError(f"{workdir}: the work dir must be empty to prepare a task checkout")
-    run_git(["init", "-q", "-b", "main", workdir])
+    run_git(["init", "-q", "--template=", "-b", "main", workdir])
     fetched = run_git(["-C", workdir, "fetch", "-q", "--depth=1", "--no-tags", mirror.absolute(), base_commit],
                       check=False)
     if fetched.returncode != 0:
@@ -157,7 +163,7 @@ def prepare_workdir(task: TaskInstance, workdir: Path, repo_cache: Path) -> None
 def harness_git_dir(parent: Path, mirror: Path, base_commit: str) -> Path:
     """A fresh git dir under ``parent`` that borrows the mirror's objects and has HEAD at base_commit."""
     git_dir = Path(tempfile.mkdtemp(prefix="harness-", dir=parent)) / "repo.git"
-    run_git(["init", "-q", "--bare", git_dir])
+    run_git(["init", "-q", "--bare", "--template=", git_dir])
     objects = (mirror / "objects") if (mirror / "objects").is_dir() else (mirror / ".git" / "objects")
     (git_dir / "objects" / "info" / "alternates").write_text(str(objects.absolute()) + "\n")
     if not has_commit(git_dir, base_commit):

@@ -96,3 +96,14 @@ def test_collect_diff_ignores_the_agents_git_config(tmp_path: Path) -> None:
     diff = collect_diff(work, task, cache)  # ...collect_diff must not
     assert not pwned.exists()
     assert "new.py" in diff and ".gitattributes" in diff
+
+
+def test_run_repo_cache_defaults_to_run_repos(tmp_path: Path) -> None:
+    from hpc.config import TasksConfig
+    from rollout_node.tasks import run_repo_cache
+    cache = run_repo_cache(TasksConfig(), tmp_path / "run")
+    assert cache == tmp_path / "run" / "repos"
+    assert find_mirror(cache, "spoolrl/textkit").is_dir()
+    assert run_repo_cache(TasksConfig(repo_cache=str(tmp_path / "elsewhere"), source="x.jsonl"), tmp_path) \
+        == tmp_path / "elsewhere"
+    assert not (tmp_path / "elsewhere").exists()  # only built-in sources are materialised
