@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status
@@ -47,6 +48,14 @@ class AgentLimits:
     temperature: float = 1.0
     top_p: float = 1.0
     observation_role: str = "user"
+
+    @classmethod
+    def from_config(cls, rollout: Any, inference: Any, *, context_len: int | None = None) -> AgentLimits:
+        """From ``RolloutConfig`` + ``InferenceConfig`` (and the servers' ``max_model_len``, when known)."""
+        return cls(max_turns=rollout.max_turns, max_tokens=rollout.max_tokens,
+                   max_new_tokens_per_turn=rollout.max_new_tokens_per_turn,
+                   observation_max_tokens=rollout.observation_max_tokens, context_len=context_len,
+                   temperature=inference.temperature, top_p=inference.top_p)
 
     @property
     def budget(self) -> int:
@@ -146,8 +155,14 @@ class AgentLoop:
                               stop_token_ids=tuple(self.template.stop_token_ids))
 
     def run(self, messages: Sequence[Message], policy: Policy, tools: Tools, *, seed: EpisodeSeed | None = None,
-            cancel: Callable[[], str | None] | None = None, deadline: float | None = None) -> EpisodeResult:
-        """Run one episode from ``messages`` (system + task) until a stop; see the module docstring."""
+            cancel: Callable[[EpisodeResult], str | None] | None = None,
+            deadline: float | None = None) -> EpisodeResult:
+        """Run one episode from ``messages`` (system + task) until a stop; see the module docstring.
+
+        ``cancel(result_so_far)`` is asked before every generation; a reason string stops the episode
+        as ``cancelled`` (e.g. too stale: ``hpc.trajectory.staleness(v, result.policy_versions)``).
+        ``deadline`` is a ``time.monotonic()`` instant; past it the episode stops as ``timeout``.
+        """
         t_start = time.perf_counter()
         ep = _Episode(self.template, self.template.first_prompt(messages))
         ep.result.sampling = {"temperature": self.limits.temperature, "top_p": self.limits.top_p,
@@ -170,8 +185,9 @@ class AgentLoop:
                              "overhead_s": max(total - gen_s - tool_s, 0.0)}
         return ep.result
 
-    def _interrupted(self, ep: _Episode, cancel: Callable[[], str | None] | None, deadline: float | None) -> bool:
-        reason = cancel() if cancel else None
+    def _interrupted(self, ep: _Episode, cancel: Callable[[EpisodeResult], str | None] | None,
+                     deadline: float | None) -> bool:
+        reason = cancel(ep.result) if cancel else None
         if reason:
             ep.stop("cancelled", Status.CANCELLED, reason)
             return True

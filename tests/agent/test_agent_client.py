@@ -206,3 +206,16 @@ class _NoTools:
 
     def submit(self) -> ToolOutput:
         raise AssertionError("never submits")
+
+
+def test_client_from_config_reads_run_endpoints(engines: list[FakeEngine], tmp_path: Path) -> None:
+    from hpc.config.inference import InferenceConfig
+
+    e, url = _start(engines, version=9)
+    (tmp_path / "endpoints").mkdir()
+    (tmp_path / "endpoints" / "infer-n0-0.json").write_text(
+        json.dumps({"url": url, "version": 9, "heartbeat": 1, "role": "infer"}))
+    client = InferenceClient.from_config(InferenceConfig(max_retries=1), run_dir=tmp_path)
+    assert client.retry.max_retries == 1
+    c = client.session("ep").generate([4, 2], SAMPLING)
+    assert c.server == url and set(c.versions) == {9} and len(e.requests) == 1

@@ -12,7 +12,7 @@ from agent_helpers import RecordingTools, ScriptedIds
 from conftest import git_repo
 
 from hpc.errors import InferenceError, SandboxError
-from hpc.trajectory import Status, Trajectory
+from hpc.trajectory import Status, Trajectory, staleness
 from rollout_node.agent import (
     AgentLimits,
     AgentLoop,
@@ -161,8 +161,12 @@ def test_sandbox_error_is_a_status(template: ChatTemplate) -> None:
 
 def test_cancel_and_deadline(template: ChatTemplate) -> None:
     loop = AgentLoop(template, AgentLimits())
-    r = loop.run(MSGS, ScriptedIds(template, [BASH]), RecordingTools(), cancel=lambda: "too stale")
+    r = loop.run(MSGS, ScriptedIds(template, [BASH]), RecordingTools(), cancel=lambda r: "too stale")
     assert (r.status, r.error, r.turns) == (Status.CANCELLED, "too stale", [])
+    # staleness as the pipeline would check it: the policy's tokens carry version 7, the trainer is at 10
+    r = loop.run(MSGS, ScriptedIds(template, [BASH]), RecordingTools(),
+                 cancel=lambda r: "stale" if staleness(10, r.policy_versions) > 2 else None)
+    assert (r.status, len(r.turns)) == (Status.CANCELLED, 1)
     r = loop.run(MSGS, ScriptedIds(template, [BASH]), RecordingTools(), deadline=0.0)
     assert r.status == Status.TIMEOUT
 
@@ -197,3 +201,12 @@ def test_tools_in_a_real_sandbox(template: ChatTemplate, tmp_path: Path, open_re
     assert obs[8].strip() == "3\t    return a + b"
     assert result.submitted and obs[9] == "submitted"
     assert "+# fixed" in sandbox.submission and "+X = 1" in sandbox.submission
+
+
+def test_limits_from_config() -> None:
+    from hpc.config.inference import InferenceConfig
+    from hpc.config.rollout import RolloutConfig
+
+    lim = AgentLimits.from_config(RolloutConfig(max_turns=7, max_tokens=999), InferenceConfig(temperature=0.7),
+                                  context_len=512)
+    assert (lim.max_turns, lim.budget, lim.budget_reason, lim.temperature) == (7, 512, "context", 0.7)
