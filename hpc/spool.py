@@ -27,9 +27,9 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
 - A corrupt or truncated shard is moved to ``quarantine/`` with a reason and counted; the reader
   carries on. Every trajectory ends committed (trained), dropped with a reason, quarantined, or
   still queued: :meth:`Spool.stats` counts each.
-- Idle polling (:meth:`Spool.wait_for_shards`) costs one ``stat`` of ``shards/ready`` per poll and
-  a listing only when the directory changed (or every 4th poll where timestamps are whole
-  seconds, so a coarse timestamp never hides a shard for long).
+- Idle polling (:meth:`Spool.wait_for_shards`, or ``claim_shards(..., if_changed=True)``) costs
+  one ``stat`` of ``shards/ready`` per poll; it lists only when the directory's attributes changed
+  (and once more a few seconds later, so a coarse timestamp never hides a shard).
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ from hpc.shard import SUFFIX, ShardWriter, decode_table, shard_count, table_traj
 from hpc.trajectory import Trajectory
 
 __all__ = ["Shard", "Spool", "TaskLease"]
+
+SETTLE_S = 2.5  # longer than the coarsest directory timestamp tick of the filesystems we support
 
 
 class Shard:
@@ -118,7 +120,8 @@ class Spool:
         self._generation: dict[str, int] = {}
         self._owners: dict[str, str] | None = None  # task_id -> "writer session#attempt" that owns it
         self._poll_sig: tuple[int, ...] | None = None
-        self._polls = 0
+        self._sig_seen = 0.0
+        self._settled = False
         self._cleaner = TmpCleaner(self.config.lease_s)
         self._made: set[Path] = set()
         self._next_sweep = 0.0
@@ -205,12 +208,15 @@ class Spool:
         publish_file(self.dropped_dir / name, json.dumps(record).encode())
 
     # =========================================================================== consuming
-    def claim_shards(self, consumer_id: str, max_shards: int) -> list[Shard]:
+    def claim_shards(self, consumer_id: str, max_shards: int, *, if_changed: bool = False) -> list[Shard]:
         """Claim up to ``max_shards`` ready shards (oldest first); corrupt ones are quarantined.
 
-        Raises FencedError for a consumer of an older generation (it must stop, not hoard shards).
+        ``if_changed=True`` (for polling loops): one ``stat`` instead of a listing while ``ready/``
+        has not changed. Raises FencedError for a consumer of an older generation.
         """
         self._maybe_sweep(consumer_id)
+        if if_changed and not self._ready_changed():
+            return []
         listing = listdir(self.ready)
         self._clean_tmp(listing)
         names = sorted(n for n in visible(listing) if n.endswith(SUFFIX))
@@ -232,32 +238,35 @@ class Spool:
         """Poll (interval ``poll_interval_s`` +-20 %) until shards arrive or ``timeout_s`` passes."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._ready_changed():
-                shards = self.claim_shards(consumer_id, max_shards)
-                if shards:
-                    return shards
+            shards = self.claim_shards(consumer_id, max_shards, if_changed=True)
+            if shards:
+                return shards
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
             time.sleep(min(left, self.config.poll_interval_s * random.uniform(0.8, 1.2)))
 
     def _ready_changed(self) -> bool:
-        """One stat per poll: True when ``ready/`` changed since the last poll.
+        """One ``stat`` of ``ready/``: False only when listing it cannot show anything new.
 
-        Only equality of the directory's own attributes is used, never a comparison with a clock.
-        On filesystems with whole-second timestamps a change within the same second as the last
-        listing keeps the same mtime, so there every 4th poll lists regardless.
+        Only the directory's own attributes are compared, never with a clock. A change that lands
+        in the same timestamp tick as the last one keeps the same attributes, so a signature is
+        listed twice: when first seen, and once more SETTLE_S later on this process's monotonic
+        clock, when every change hidden behind that tick (1 s at the coarsest) is visible.
         """
-        self._polls += 1
         try:
             st = os.stat(self.ready)
         except OSError:
             return True
         sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink, st.st_ino)
-        coarse = st.st_mtime_ns % 1_000_000_000 == 0
-        changed = sig != self._poll_sig or (coarse and self._polls % 4 == 0)
-        self._poll_sig = sig
-        return changed
+        now = time.monotonic()
+        if sig != self._poll_sig:
+            self._poll_sig, self._sig_seen, self._settled = sig, now, False
+            return True
+        if not self._settled and now - self._sig_seen >= SETTLE_S:
+            self._settled = True
+            return True
+        return False
 
     def _claim_dir(self, consumer_id: str) -> Path:
         path = self.claimed / f"{safe_name(consumer_id)}@g{self._generation.get(consumer_id, 0)}"

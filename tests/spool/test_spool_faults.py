@@ -8,12 +8,14 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from spool_helpers import CTX, make_group, make_traj, start
 
+import hpc.spool as spool_module
 from hpc.cli import main as cli_main
 from hpc.config.spool import SpoolConfig
 from hpc.errors import SpoolError
@@ -122,8 +124,6 @@ def test_writer_killed_mid_shard_leaves_only_a_cleaned_temporary(tmp_path: Path)
 
 
 def _write_later(run: str) -> None:
-    import time
-
     time.sleep(0.5)
     with Spool(run).writer("late") as writer:
         writer.add_group(make_group("t", 2))
@@ -172,3 +172,19 @@ def test_cli_stats_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli_main(["spool", "inspect", str(tmp_path / "missing.shard")]) == 2
     assert "no such shard file" in capsys.readouterr().err
     assert cli_main(["spool", "stats", str(tmp_path / "nope")]) == 2
+
+
+def test_polling_never_loses_a_shard_hidden_behind_a_coarse_timestamp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    frozen = os.stat(spool.ready)  # a filesystem whose directory attributes did not move
+    real_stat = os.stat
+    monkeypatch.setattr(spool_module.os, "stat",
+                        lambda p, *a, **k: frozen if Path(p) == spool.ready else real_stat(p, *a, **k))
+    monkeypatch.setattr(spool_module, "SETTLE_S", 0.3)
+    assert spool.claim_shards("c", 4, if_changed=True) == []  # first sight: lists
+    with spool.writer("w") as writer:
+        writer.add_group(make_group("t", 2))
+    assert spool.claim_shards("c", 4, if_changed=True) == []  # same attributes: only a stat
+    time.sleep(0.4)
+    assert [len(s) for s in spool.claim_shards("c", 4, if_changed=True)] == [2]  # the settle listing
