@@ -5,7 +5,8 @@ their statuses, ``pass_to_pass_failing_at_base`` (PASS_TO_PASS tests that do not
 the task is wrong), ``fail_to_pass_passing_at_base``, ``gold_not_passing`` and timings. Exits 0 only
 if every gold reward is 1 and every empty reward is 0 (harness errors count as failures); a summary
 goes to stderr. Repositories come from ``--repo-cache`` (or ``tasks.repo_cache``); the built-in
-repositories are materialised there (or in a temporary directory) first.
+repositories are materialised there (or in a temporary directory) first. Dotted ``key=value``
+config overrides go right after the task source (``tasks check builtin tasks.eval_python=X --jobs 4``).
 """
 
 from __future__ import annotations
