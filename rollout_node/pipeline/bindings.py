@@ -7,6 +7,7 @@ diff, evaluate it, open a sandbox); :func:`real_task_ops` binds it to ``rollout_
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpc.config import RunConfig
+from hpc.errors import UsageError
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
 
@@ -45,14 +47,20 @@ class TaskOps(Protocol):
     def image_cached(self, image: str) -> bool: ...
 
 
-def spool_task_fields(task: Mapping[str, Any]) -> dict[str, Any]:
-    """The SWE-bench fields of a spool task record: nested under ``instance`` or at the top level."""
+def spool_task_fields(task: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The SWE-bench fields carried by a spool task record (nested under ``instance`` or at the top
+    level), or None for a reference by ``instance_id`` (what the trainer's feeder puts)."""
     inner = task.get("instance")
     if isinstance(inner, Mapping):
         return dict(inner)
-    data = {k: v for k, v in task.items() if k not in ("task_id", "group_size", "task_version")}
+    if "patch" not in task:
+        return None
+    data = {k: v for k, v in task.items() if k not in SPOOL_KEYS}
     data.setdefault("instance_id", str(task.get("task_id")))
     return data
+
+
+SPOOL_KEYS = ("task_id", "group_size", "task_version", "policy_version", "epoch", "position")
 
 
 class RealTaskOps:
@@ -62,28 +70,48 @@ class RealTaskOps:
         self.paths = paths
         self.config = config
         self.repo_cache = Path(config.tasks.repo_cache) if config.tasks.repo_cache else paths.repos
+        self._repos_lock = threading.Lock()
         self._builtin_ready = False
+        self._by_id: dict[str, Any] | None = None
 
     def parse(self, task: Mapping[str, Any]) -> Any:
-        from rollout_node.tasks.instance import task_from_dict
+        """A spool record -> TaskInstance: inline fields, or ``instance_id`` looked up in tasks.source."""
+        from rollout_node.tasks import task_from_dict
 
-        return task_from_dict(spool_task_fields(task), where=f"spool task {task.get('task_id')!r}")
+        fields = spool_task_fields(task)
+        if fields is not None:
+            return task_from_dict(fields, where=f"spool task {task.get('task_id')!r}")
+        instance_id = str(task.get("instance_id") or "")
+        found = self._instances().get(instance_id)
+        if found is None:
+            raise UsageError(f"spool task {task.get('task_id')!r}: instance_id {instance_id!r} is not in "
+                             f"tasks.source {self.config.tasks.source!r}")
+        return found
+
+    def _instances(self) -> dict[str, Any]:
+        with self._repos_lock:
+            if self._by_id is None:
+                from rollout_node.tasks import load_tasks
+
+                self._by_id = {t.instance_id: t for t in load_tasks(self.config.tasks.source)}
+            return self._by_id
 
     def image(self, task: Any) -> str:
         return str(getattr(task, "image", "") or self.config.sandbox.image or "")
 
     def _ensure_repos(self) -> None:
-        if self._builtin_ready or self.config.tasks.repo_cache:
+        """Built-in tasks: build their mirrors into RUN/repos once (atomic, safe across nodes)."""
+        if self.config.tasks.repo_cache:
             return
-        from rollout_node.tasks import repos
+        with self._repos_lock:
+            if not self._builtin_ready:
+                from rollout_node.tasks import ensure_builtin_repos
 
-        ensure = getattr(repos, "ensure_builtin_repos", None)
-        if ensure is not None:
-            ensure(self.repo_cache)
-        self._builtin_ready = True
+                ensure_builtin_repos(self.repo_cache)
+                self._builtin_ready = True
 
     def prepare(self, task: Any, workdir: Path) -> None:
-        from rollout_node.tasks.repos import prepare_workdir
+        from rollout_node.tasks import prepare_workdir
 
         self._ensure_repos()
         prepare_workdir(task, workdir, self.repo_cache)
@@ -91,26 +119,40 @@ class RealTaskOps:
     def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]:
         from rollout_node.sandbox import open_sandbox
 
-        return open_sandbox(self.config.sandbox, workdir, image=image or None)  # type: ignore[no-any-return]
+        return open_sandbox(self.config.sandbox, workdir, image=image or None)
 
     def collect_diff(self, task: Any, workdir: Path) -> str:
-        from rollout_node.tasks.repos import collect_diff
+        from rollout_node.tasks import collect_diff
 
         return collect_diff(workdir, task, self.repo_cache)
 
     def evaluate(self, task: Any, diff: str, scratch: Path, timeout_s: float) -> EvalOutcome:
         from rollout_node.tasks import evaluate
 
-        result = evaluate(task, diff, self.config.sandbox, scratch)
-        status = Status(getattr(result, "status", Status.OK))
-        reward = getattr(result, "reward", None)
-        details = {k: v for k, v in (getattr(result, "metrics", None) or {}).items()} if hasattr(result, "metrics") \
-            else {}
-        return EvalOutcome(reward=None if status.infrastructure else reward, status=status, details=details)
+        self._ensure_repos()
+        result = evaluate(task, diff, sandbox_cfg=self.config.sandbox, scratch_dir=scratch, repo_cache=self.repo_cache,
+                          timeout_s=timeout_s)
+        details = {"eval_status": result.status, "eval_s": round(result.duration_s, 3),
+                   "tests_passed": sum(v == "PASSED" for v in result.outcomes.values()),
+                   "tests_total": len(result.outcomes), "diff_applied": result.diff_applied}
+        if result.infrastructure_failure:
+            return EvalOutcome(None, Status.HARNESS_ERROR, {**details, "error": result.error})
+        # A test run past its time limit is the agent's code's fault (e.g. an endless loop): reward 0.
+        status = Status.TIMEOUT if result.status == "timeout" else Status.OK
+        return EvalOutcome(float(result.reward), status, details)
 
     def image_cached(self, image: str) -> bool:
-        try:
-            from rollout_node.sandbox import image_cached
-        except ImportError:
-            return True  # no image cache: every image is as good as cached
-        return bool(image_cached(self.config.sandbox, image))
+        """True when INIT/RUN would find ``image`` staged on this node (a directory is used in place)."""
+        from rollout_node.sandbox.images import ImageCache, default_image
+        from rollout_node.sandbox.sandbox import user_scratch
+
+        src = Path(image or default_image())
+        if src.is_dir() or not src.exists():
+            return True
+        cfg = self.config.sandbox
+        cache = ImageCache(Path(cfg.image_cache_dir) if cfg.image_cache_dir else user_scratch(cfg) / "images",
+                           int(cfg.image_cache_gb * 2**30))
+        staged = getattr(cache, "is_staged", None)
+        if staged is not None:
+            return bool(staged(image))
+        return (cache.root / cache._key(src) / ".staged").exists()

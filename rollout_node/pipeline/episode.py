@@ -106,7 +106,12 @@ class Episode:
                     pass
 
     def trajectory(self, status: Status, reward: float | None) -> Trajectory:
-        """The record of this sample; infrastructure statuses never carry a reward."""
+        """The record of this sample; infrastructure statuses never carry a reward.
+
+        ``Trajectory.attempt`` is the task's lease attempt (the spool deduplicates by task id and
+        (writer, attempt), so every sample of a group carries the same one); the sample's own retry
+        count is ``metrics["sample_attempt"]`` (it is also an input of the sampling seed).
+        """
         tr = self.transcript
         out = self.output
         if not status.trainable:
@@ -117,8 +122,8 @@ class Episode:
             token_ids=np.asarray(tr.token_ids, np.int32), loss_mask=np.asarray(tr.loss_mask, np.int8),
             logprobs=np.asarray(tr.logprobs, np.float32), policy_versions=np.asarray(tr.policy_versions, np.int32), logprob_kind=out.logprob_kind if out else "raw",
             reward=reward, status=status, timings=dict(self.timings),
-            metrics={**(out.metrics if out else {}), **self.metrics},
-            sampling={"seed": self.seed, **(out.sampling if out else {})},
-            attempt=self.attempt, prompt_len=tr.prompt_len,
-            task_version=int(self.group.task_dict.get("task_version", -1)),
+            metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt},
+            sampling={"seed": self.seed, "sample_attempt": self.attempt, **(out.sampling if out else {})},
+            attempt=int(getattr(self.group.lease, "attempt", 0)), prompt_len=tr.prompt_len,
+            task_version=int(self.group.task_dict.get("task_version", self.group.task_dict.get("policy_version", -1))),
         )

@@ -1,7 +1,8 @@
 """Node metrics: one JSONL file per rollout node (``RUN/metrics/rollout-<node>.jsonl``).
 
 Records (``kind``):
-- ``episode``: one per finished sample attempt: status, reward, time queued and inside each stage.
+- ``episode``: one per finished sample: status, reward, time queued and inside each stage.
+- ``fault``: one per fault of a sample attempt (the fault table's row, the stage, the error).
 - ``node``: every ``rollout.metrics_interval_s``: queue depth and busy workers per stage, p50/p95
   time per stage (over the last 512 episodes), episodes per minute since start, failures by kind,
   groups written / released, whether the node is claiming and why not.
@@ -71,6 +72,9 @@ class NodeMetrics:
     def failure(self, kind: str) -> None:
         with self.lock:
             self.failures[kind] += 1
+
+    def fault(self, record: dict[str, Any]) -> None:
+        self.writer.log("fault", **record)
 
     def episode(self, record: dict[str, Any]) -> None:
         with self.lock:

@@ -395,6 +395,8 @@ class RolloutNode:
         outcome = OUTCOMES[fault]
         ep.metrics["error"] = error
         log.info("%s: %s (%s)", ep.key, fault.value, error)
+        self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
+                            "fault": fault.value, "stage": ep.stage, "error": error[-2000:]})
         if outcome.retry_from == "init" and ep.attempt < self.rollout.max_retries and not ep.group.closed:
             nxt = Episode(ep.group, ep.sample_index, ep.attempt + 1,
                           self._seed(ep.group, ep.sample_index, ep.attempt + 1))

@@ -94,7 +94,7 @@ def test_fault_rows_retry_then_final_status(tmp_path: Path) -> None:
               "bad": (Status.NODE_ERROR, None, 0)}
     for name, (status, reward, attempt) in expect.items():
         t = got[name]
-        assert (t.status, t.reward, t.attempt) == (status, reward, attempt), name
+        assert (t.status, t.reward, t.metrics["sample_attempt"]) == (status, reward, attempt), name
         assert t.trainable == status.trainable
     assert ops.evaluated.count("harness") == 2, "a harness error reruns EVAL only, max_retries times"
     assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
@@ -136,7 +136,7 @@ def test_stale_episodes_are_restarted_then_cancelled(tmp_path: Path) -> None:
     threading.Thread(target=bump, daemon=True).start()
     node(paths, cfg, FakeOps(), tmp_path).run()
     (t,) = written(paths, cfg)["t0"]
-    assert t.status == Status.CANCELLED and t.attempt == 1 and t.reward is None
+    assert t.status == Status.CANCELLED and t.metrics["sample_attempt"] == 1 and t.reward is None
 
 
 def test_drain_releases_in_flight_tasks(tmp_path: Path) -> None:

@@ -1,0 +1,103 @@
+"""The rollout node end to end on real parts: the spool, bwrap sandboxes, the built-in tasks and
+the real EVAL harness, driven by the scripted policy (gold replay, empty, tampering, faults).
+
+Slow-ish (real test runs in EVAL): the node runs in-process here; test_node_process.py runs the
+``spoolrl rollout-node`` process (SIGKILL + restart, SIGTERM drain).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc.config import load_config
+from hpc.paths import RunPaths
+from hpc.rundir import create_run
+from hpc.spool import Spool
+from hpc.trajectory import Status, Trajectory
+from rollout_node.pipeline.bindings import RealTaskOps
+from rollout_node.pipeline.node import NodeOptions, RolloutNode
+from rollout_node.pipeline.scripted import ScriptedPolicy
+from rollout_node.pipeline.sizing import Workers
+from rollout_node.sandbox import default_image
+from rollout_node.tasks import load_tasks
+
+pytestmark = pytest.mark.sandbox
+
+CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
+          "spool.poll_interval_s=0.1", "spool.heartbeat_interval_s=1", "spool.lease_s=30",
+          "spool.shard_max_age_s=1", "rollout.policy=scripted", "rollout.max_retries=1",
+          "rollout.metrics_interval_s=1", "sandbox.command_timeout_s=20"]
+
+
+@pytest.fixture(autouse=True)
+def _need_sandbox() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("component unavailable: bwrap is not installed (apt-get install bubblewrap)")
+    if not Path(default_image()).is_dir():
+        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+
+
+def make_run(tmp_path: Path, *overrides: str) -> tuple[RunPaths, Any]:
+    cfg = load_config(None, [*CONFIG, f"sandbox.scratch_dir={tmp_path / 'scratch'}", *overrides])
+    return create_run(tmp_path / "run", cfg), cfg
+
+
+def run_node(paths: RunPaths, cfg: Any, tmp_path: Path, workers: Workers = Workers(1, 3, 2)) -> dict[str, Any]:
+    opts = NodeOptions(node_id="n0", workers=workers, scratch=tmp_path / "node", once=True)
+    node = RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), RealTaskOps(paths, cfg),
+                       ScriptedPolicy(cfg.rollout.scripted_plan), opts)
+    return node.run()
+
+
+def written(paths: RunPaths, cfg: Any) -> dict[str, list[Trajectory]]:
+    out: dict[str, list[Trajectory]] = {}
+    for shard in Spool(paths.root, cfg.spool).claim_shards("test-reader", 10_000):
+        for t in shard.trajectories():
+            out.setdefault(t.task_id, []).append(t)
+    return out
+
+
+def by_reference(ids: list[str], group_size: int) -> list[dict[str, Any]]:
+    """Tasks as the trainer's feeder puts them: a reference to an instance of tasks.source."""
+    return [{"task_id": f"{iid}@e0", "instance_id": iid, "epoch": 0, "group_size": group_size,
+             "policy_version": 0} for iid in ids]
+
+
+def test_builtin_tasks_gold_and_empty_through_the_whole_pipeline(tmp_path: Path) -> None:
+    ids = [t.instance_id for t in load_tasks("builtin")]
+    empty = set(ids[::3])
+    plan = ";".join(f"{iid}@e0=empty" for iid in sorted(empty)) + ";*=gold"
+    paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={plan}", "algorithm.group_size=2")
+    Spool(paths.root, cfg.spool).put_tasks(by_reference(ids, 2))
+    summary = run_node(paths, cfg, tmp_path)
+    groups = written(paths, cfg)
+    assert sorted(groups) == sorted(f"{i}@e0" for i in ids), "every task ends with a trajectory group"
+    for task_id, trajs in groups.items():
+        expected = 0.0 if task_id.removesuffix("@e0") in empty else 1.0
+        assert sorted(t.sample_index for t in trajs) == [0, 1]
+        assert [(t.status, t.reward) for t in trajs] == [(Status.OK, expected)] * 2, task_id
+        assert all(t.trainable and t.num_generated > 0 for t in trajs)
+        assert all(t.metrics["eval_status"] == "ok" for t in trajs)
+    stats = Spool(paths.root, cfg.spool).stats()
+    assert (stats["tasks_ready"], stats["tasks_claimed"], stats["tasks_done"]) == (0, 0, len(ids))
+    assert summary["groups_written"] == len(ids) and summary["statuses"] == {"ok": 2 * len(ids)}
+    leftovers = [p for p in (tmp_path / "node").rglob("*") if p.is_file()]
+    assert leftovers == [], "work dirs and eval trees are removed"
+
+
+@pytest.mark.parametrize("tamper", ["tamper_test", "tamper_conftest", "tamper_pth"])
+def test_tampering_agents_score_zero(tmp_path: Path, tamper: str) -> None:
+    ids = ["spoolrl__intervals-1", "spoolrl__textkit-2", "spoolrl__tinyformats-3"]
+    paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={tamper}", "algorithm.group_size=1",
+                          "algorithm.drop_zero_variance=false")
+    Spool(paths.root, cfg.spool).put_tasks(by_reference(ids, 1))
+    run_node(paths, cfg, tmp_path)
+    groups = written(paths, cfg)
+    assert len(groups) == len(ids)
+    for task_id, (t,) in groups.items():
+        assert (t.status, t.reward) == (Status.OK, 0.0), f"{tamper} on {task_id} must not be rewarded"
+        assert t.metrics["diff_bytes"] > 0, "the tampering really changed the work dir"
