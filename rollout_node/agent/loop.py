@@ -137,14 +137,14 @@ class AgentLoop:
     def __init__(self, template: ChatTemplate, limits: AgentLimits) -> None:
         self.template = template
         self.limits = limits
-        self.marker_ids = template.encode(self.TRUNCATION_MARKER)
+        self.marker_ids = template.encode_content(self.TRUNCATION_MARKER)
 
     def observation_ids(self, call: ToolCall | ParseError, out: ToolOutput | None) -> tuple[list[int], bool]:
         """``\\n`` + ``<|im_start|>ROLE\\n`` + content + ``<|im_end|>\\n`` + ``<|im_start|>assistant\\n``."""
         t = self.template
         header, body, footer = format_observation(call, out)
-        body_ids, truncated = truncate_ids(t.encode(body), self.limits.observation_max_tokens, self.marker_ids)
-        content = (t.encode(header) if header else []) + body_ids + (t.encode(footer) if footer else [])
+        body_ids, truncated = truncate_ids(t.encode_content(body), self.limits.observation_max_tokens, self.marker_ids)
+        content = (t.encode_content(header) if header else []) + body_ids + (t.encode_content(footer) if footer else [])
         ids = [*t.after_end_of_turn, *t.message_ids(self.limits.observation_role, content), *t.generation_prompt]
         return ids, truncated
 

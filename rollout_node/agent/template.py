@@ -5,7 +5,7 @@ Guarantees:
   ``tokenizer_config.json``; no jinja, no transformers.
 - The chat template must be ChatML-style: ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n`` per message
   and ``<|im_start|>assistant\\n`` as the generation prompt. Anything else is a ConfigError.
-- **The piece rule.** A message is ``prefix(role) + encode(content) + suffix`` where
+- **The piece rule.** A message is ``prefix(role) + encode_content(content) + suffix`` where
   ``prefix(role) = encode("<|im_start|>" + role + "\\n")`` and ``suffix = encode("<|im_end|>\\n")``,
   each encoded ALONE (special tokens become their single IDs). Pieces are computed once and
   cached. For a first prompt whose message contents neither start nor end with whitespace this
@@ -13,6 +13,9 @@ Guarantees:
   whitespace, the BPE of the whole rendered text could merge across the boundary and ours does
   not. That is deliberate: what matters is that the trainer sees exactly the IDs the engine saw,
   and those are ours.
+- Message CONTENT is encoded with special tokens treated as plain text (:meth:`ChatTemplate.encode_content`):
+  a tool output or a file that contains ``<|im_end|>`` or ``<|im_start|>`` cannot forge turn
+  boundaries; only the pieces above produce special IDs.
 - ``end_of_turn`` is the ``<|im_end|>`` ID; ``after_end_of_turn`` is what the template puts after it
   (the ``"\\n"``); a completion that stops without ``<|im_end|>`` gets ``suffix`` appended.
 """
@@ -63,6 +66,10 @@ class ChatTemplate:
     def __init__(self, tokenizer: Tokenizer, *, eos_token: str | None = None, bos_token: str | None = None,
                  template_text: str = "") -> None:
         self.tokenizer = tokenizer
+        # A second instance with encode_special_tokens on (the flag lives on the object; toggling it
+        # per call would race between episode threads).
+        self._content_tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        self._content_tokenizer.encode_special_tokens = True
         self._prefixes: dict[str, tuple[int, ...]] = {}
         self.im_start = self._special_id(IM_START)
         self.im_end = self._special_id(IM_END)
@@ -101,6 +108,10 @@ class ChatTemplate:
         """Encode a piece of text alone (no post-processor additions; special tokens recognised)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_content(self, text: str) -> list[int]:
+        """Encode message content alone; special-token text inside it stays text (no forged turns)."""
+        return list(self._content_tokenizer.encode(text, add_special_tokens=False).ids)
+
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
@@ -125,6 +136,6 @@ class ChatTemplate:
         """The opening prompt: every message by the piece rule, then the generation prompt."""
         ids: list[int] = list(self.bos_prefix)
         for m in messages:
-            ids.extend(self.message_ids(m.role, self.encode(m.content)))
+            ids.extend(self.message_ids(m.role, self.encode_content(m.content)))
         ids.extend(self.generation_prompt)
         return ids
