@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -156,18 +157,28 @@ def phase_raw(base: Path, args: argparse.Namespace, shard_bytes: int, shards: in
     return seconds * shards / (per * args.writers)
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def throughput(base: Path, args: argparse.Namespace, config: SpoolConfig) -> dict[str, Any]:
-    spool_rates, raw_rates, traj_rates = [], [], []
+    spool_rates, raw_rates, traj_rates, spool_cpu, raw_cpu = [], [], [], [], []
     for _ in range(args.reps):
+        cpu0 = _children_cpu_s()
         seconds, size, shards = phase_spool(base, args, config)
+        cpu1 = _children_cpu_s()
         trajs = args.trajectories // GROUP // args.writers * GROUP * args.writers
         spool_rates.append(size / seconds / 1e6)
         traj_rates.append(trajs / seconds)
         raw_s = phase_raw(base, args, size // shards, shards)
         raw_rates.append(size / raw_s / 1e6)
+        spool_cpu.append((cpu1 - cpu0) / (size / 1e6) * 1e3)
+        raw_cpu.append((_children_cpu_s() - cpu1) / (size / 1e6) * 1e3)
     spool_mb, raw_mb = statistics.median(spool_rates), statistics.median(raw_rates)
     return {"trajectories_per_s": statistics.median(traj_rates), "spool_mb_s": spool_mb, "raw_mb_s": raw_mb,
             "ratio": spool_mb / raw_mb, "spool_runs_mb_s": spool_rates, "raw_runs_mb_s": raw_rates,
+            "spool_cpu_ms_per_mb": statistics.median(spool_cpu), "raw_cpu_ms_per_mb": statistics.median(raw_cpu),
             "trajectory_mb": TOKENS * 13 / 1e6}
 
 
@@ -281,10 +292,10 @@ def latency(base: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def materialise_cost() -> dict[str, float]:
     """Per-trajectory cost of ``Shard.trajectories()`` (building validated records) on one shard."""
-    from hpc.shard import decode_table, encode_group, encode_shard, table_trajectories
+    from hpc.shard import decode_table, encode_rows, encode_shard, table_trajectories
 
     rng = np.random.default_rng(1)
-    header, body = encode_shard([encode_group(make_group(f"m{i}", rng)) for i in range(16)], "m")
+    header, body = encode_shard([encode_rows([t for i in range(16) for t in make_group(f"m{i}", rng)])], "m")
     table = decode_table(header + body.to_pybytes(), "m")
     best = float("inf")
     for _ in range(3):
@@ -312,6 +323,8 @@ def report(results: dict[str, Any]) -> bool:
           f"suffers from contention, the raw write barely does)")
     print(f"spool: {t['trajectories_per_s']:.1f} trajectories/s ({TOKENS}-token), {t['spool_mb_s']:.1f} MB/s; "
           f"raw write same bytes, fsync per shard: {t['raw_mb_s']:.1f} MB/s")
+    print(f"CPU per MB moved (all processes, user+sys): spool {t['spool_cpu_ms_per_mb']:.2f} ms "
+          f"(encode, sha256 twice, decode, dedup), raw {t['raw_cpu_ms_per_mb']:.2f} ms")
     print(f"metadata per trajectory (all path/dir calls): {m.get('per_trajectory_all', float('nan')):.3f}; "
           f"pipeline counts {m.get('pipeline_counts')} (+{m.get('pipeline_creates')} O_CREAT opens)")
     print(f"idle consumer counts over the window: {m.get('idle_counts')}")
