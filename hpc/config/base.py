@@ -11,6 +11,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 import typing
@@ -23,6 +24,7 @@ else:  # pragma: no cover - Python 3.10
     from typing_extensions import dataclass_transform
 
 T = TypeVar("T")
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 MISSING = dataclasses.MISSING
 
 
@@ -127,6 +129,8 @@ def _scalar(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads '1e-5' (no dot) as a string; users mean a number
         problems.append(f"{key}: expected a number, got {value!r}")
         return None
     if tp is str:

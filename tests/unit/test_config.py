@@ -114,3 +114,10 @@ def test_config_default_cli_output_validates(tmp_path: Path) -> None:
     (tmp_path / "d.yaml").write_text(out.stdout)
     ok = subprocess.run([*SPOOLRL, "validate", "--config", str(tmp_path / "d.yaml")], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_exponent_without_dot_is_a_number(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text("trainer:\n  lr: 1e-5\n  precision: fp32\nslurm:\n  train:\n    gpus_per_node: 0\n")
+    assert load_config(tmp_path / "r.yaml", ["algorithm.kl_coef=2E-3"]).trainer.lr == 1e-5
+    with pytest.raises(ConfigError, match="trainer.lr"):
+        load_config(tmp_path / "r.yaml", ["trainer.lr=1e-5x"])
