@@ -56,8 +56,9 @@ def _batch_log(paths: RunPaths, job: HetSlurmJob) -> str:
 
 
 def _sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", f"{job_id}+0"], capture_output=True,
-                         text=True).stdout.split()
+    """State of a plain job, or of a het job's group 0 (sacct -X lists N+0 first)."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                         text=True).stdout.splitlines()
     return out[0] if out else ""
 
 
@@ -294,3 +295,42 @@ def test_infer_group_in_a_container_keeps_its_gpu(run_dir: Path, fake_python: Pa
     train = next(env for tag, env in envs.items() if tag.startswith("train"))
     assert "APPTAINER_CONTAINER" not in train
     job.cancel()
+
+
+def _sbatch_as_ci(paths: RunPaths, text: str, name: str) -> str:
+    script = paths.slurm / f"{name}.sbatch"
+    script.write_text(text)
+    chown_to_ci(paths.slurm)
+    out = as_ci_user(["sbatch", "--parsable", str(script)], cwd=str(paths.root))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def test_separate_mode_train_failure_cancels_the_other_jobs(run_dir: Path, fake_python: Path) -> None:
+    config = fast_config(fake_python, "slurm.mode=separate", "slurm.rollout.nodes=1")
+    paths = make_run(run_dir, config)
+    (paths.root / "fake" / "train.plan").write_text("4 5\n")
+    chown_to_ci(paths.root / "fake")
+    ids = {job.name: _sbatch_as_ci(paths, job.text, job.name) for job in render(config, paths.root)}
+    wait_for("train job failed", lambda: _sacct_state(ids["train"]) == "FAILED", 60)
+    def siblings_cancelled() -> bool:
+        return all(_sacct_state(ids[r]).startswith("CANCELLED") for r in ("infer", "rollout"))
+
+    wait_for("infer and rollout jobs cancelled", siblings_cancelled, 30)
+    log = (paths.logs / f"slurm-train-{ids['train']}.out").read_text()
+    assert "the train group (het group 0) ended with status 5" in log
+    assert f"cancelled job {ids['infer']} on the same run directory" in log
+
+
+def test_training_done_ends_the_job_and_its_scale_out_jobs(run_dir: Path, fake_python: Path) -> None:
+    from hpc.render import render_scale
+
+    config = fast_config(fake_python, "slurm.rollout.nodes=1")
+    paths = make_run(run_dir, config)
+    (paths.root / "fake" / "train.plan").write_text("5 0\n")
+    chown_to_ci(paths.root / "fake")
+    het = _sbatch_as_ci(paths, render(config, paths.root)[0].text, "het")
+    scale = _sbatch_as_ci(paths, render_scale(config, paths.root, 1).text, "scale")
+    wait_for("het job completed", lambda: _sacct_state(het) == "COMPLETED", 60)
+    wait_for("scale job cancelled", lambda: _sacct_state(scale).startswith("CANCELLED"), 30)
+    assert "job ends: the train group finished" in (paths.logs / f"slurm-{het}.out").read_text()
