@@ -30,6 +30,16 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
 - Idle polling (:meth:`Spool.wait_for_shards`, or ``claim_shards(..., if_changed=True)``) costs
   one ``stat`` of ``shards/ready`` per poll; it lists only when the directory's attributes changed
   (and once more a few seconds later, so a coarse timestamp never hides a shard).
+
+Who does what: rollout workers ``claim_task`` -> ``keepalive``/``heartbeat`` -> ``writer().add_group``
+-> ``finish_task`` (False = the lease was lost: the result is deduplicated, never trained twice),
+and check ``backpressure()`` before claiming. The trainer ``fence``s, ``recover``s, polls with
+``wait_for_shards`` (or ``claim_shards(..., if_changed=True)``), ``commit``s after each checkpoint,
+and calls ``reclaim_expired`` now and then (idle workers also reclaim, at most every lease/4).
+A Spool object belongs to one process; only ``heartbeat``/``keepalive`` may run in a thread.
+Known limit: a fenced trainer that passed its fence check just before a newer one fenced can
+still commit the shards it holds (no lock spans check and rename on these filesystems); the
+newer trainer then never sees them as ready, so they are trained by the stale one only.
 """
 
 from __future__ import annotations

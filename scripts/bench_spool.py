@@ -207,8 +207,12 @@ def traced_pipeline(base: str, trajectories: int) -> None:
 
 
 def traced_idle(base: str, seconds: float) -> None:
+    """Steady state: the first listing and the settle listing happen before the window opens."""
+    from hpc.spool import SETTLE_S
+
     run = Path(tempfile.mkdtemp(dir=base))
     spool = Spool(run)
+    spool.wait_for_shards("idle", 4, timeout_s=SETTLE_S + 1.5)
     _marker(MARK_START)
     spool.wait_for_shards("idle", 4, timeout_s=seconds)
     _marker(MARK_END)
