@@ -1,0 +1,78 @@
+"""``spoolrl demo`` end to end on this machine: real engine, real bwrap sandboxes, real DeepSpeed.
+
+It is interrupted mid-run (SIGINT, as Ctrl-C does) and continued with ``--resume``; then
+``spoolrl report`` must agree with aggregates recomputed here from the metrics files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc.metrics import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.deepspeed]
+SPOOLRL = [sys.executable, "-m", "hpc.cli"]
+
+
+def _last_step(run: Path) -> int:
+    steps = [r["step"] for r in read_metrics(run, "train_step")]
+    return max(steps, default=0)
+
+
+def _checkpoints(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+
+
+def test_demo_interrupt_resume_and_report(tmp_path: Path) -> None:
+    run = tmp_path / "demo run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen([*SPOOLRL, "demo", "--out", str(run), "--steps", "4"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline and first.poll() is None:
+        if run.exists() and _checkpoints(run):
+            break
+        time.sleep(1)
+    assert first.poll() is None, f"demo ended before its first checkpoint:\n{first.stdout.read() if first.stdout else ''}"
+    first.send_signal(signal.SIGINT)
+    out1, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, out1
+    assert "spoolrl demo --resume" in out1
+    interrupted_at = _last_step(run)
+    assert 2 <= interrupted_at < 4, out1
+
+    second = subprocess.run([*SPOOLRL, "demo", "--resume", str(run)], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    lines = [json.loads(x) for x in second.stdout.splitlines() if x.startswith("{")]
+    assert any(x["demo"] == "progress" for x in lines), "no JSON progress lines when not on a terminal"
+    summary = lines[-1]
+    assert summary["demo"] == "summary" and summary["step"] == 4 and summary["role_errors"] == {}
+    starts = [r for r in read_metrics(run, "trainer_start")]
+    assert [s["step"] for s in starts][-1] >= 2, "the resumed trainer must continue from its checkpoint"
+
+    report = subprocess.run([*SPOOLRL, "report", str(run)], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    data = json.loads((run / "report" / "report.json").read_text())
+    steps = sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])
+    reward = data["series"]["reward"]["reward mean"]
+    assert sorted(zip(reward["x"], reward["y"], strict=True)) == sorted((float(r["step"]), float(r["reward_mean"])) for r in steps)
+    assert max(reward["x"]) == 4.0
+    trained = sum(int(r.get("loss_tokens") or 0) for r in read_metrics(run, "train_step"))
+    assert data["accounting"]["tokens_trained"] == trained > 0
+    episodes = list(read_metrics(run, "episode"))
+    assert data["accounting"]["episodes"] == len(episodes) > 0
+    import matplotlib.image as mpimg
+
+    assert data["plots"], "no plots"
+    for name, png in data["plots"].items():
+        assert np.asarray(mpimg.imread(png)).std() > 0.01, f"{name} is blank"
