@@ -12,9 +12,15 @@ A short file, a wrong length or a digest mismatch raises :class:`CorruptShardErr
 
 Writer guarantees:
 - A group is never split across shards; a shard is sealed when it reaches
-  ``shard_max_trajectories`` or ``shard_max_mb``, or is older than ``shard_max_age_s`` (a
-  background thread checks age), and on ``flush()``/exit.
-- A shard appears only sealed: written to a dot-temporary in ``ready/``, fsynced, renamed. A
+  ``shard_max_trajectories`` or ``shard_max_mb`` (a single larger group gets a shard of its
+  own), or is older than ``shard_max_age_s`` (a background thread checks age while the writer
+  is used as a context manager), and on ``flush()``/``close()``/exit.
+- Groups are kept in memory until the seal and encoded then (one record batch per shard);
+  only a sealed shard counts as delivered. Until then the task lease covers the work.
+- A shard appears only sealed: written to a dot-temporary in ``ready/``, fsynced, renamed (no
+  directory fsync per shard: network filesystems make a rename durable on the server, and a
+  journaling local filesystem commits metadata in order, so the shard's rename is durable no
+  later than the ``finish_task`` that follows it). A
   writer killed mid-shard leaves at most a dot-temporary, named ``.tmp@<pid>@<host>@...`` so a
   cleaner on the same host can tell that its writer is dead.
 - A full disk or quota raises :class:`SpoolError` naming the directory and the fix; the
