@@ -28,7 +28,8 @@ class GroupConfig:
         "", doc="optional Apptainer image to run this group's step in ('' = none; GPUs via --nv)", resumable=True
     )
     drain_s: int = knob(
-        120, doc="seconds this role needs to checkpoint or drain after Slurm's warning signal", min=10, resumable=True
+        120, doc="seconds this role needs to checkpoint or drain after Slurm's warning signal", min=10, max=65535,
+        resumable=True,
     )
 
 
