@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from spool_helpers import make_group, make_traj
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import FencedError, SpoolError
+from hpc.lease import TmpCleaner
 from hpc.shard import read_shard_file, shard_count
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
@@ -220,3 +223,49 @@ def test_drop_records_account_for_trajectories(tmp_path: Path) -> None:
     assert spool.stats()["trajectories_dropped_other"] == 3
     (record,) = [json.loads(p.read_text()) for p in spool.dropped_dir.iterdir()]
     assert record["reason"] == "too_stale" and len(record["trajectories"]) == 3
+
+
+def test_claim_survives_a_rename_that_reports_enoent_after_succeeding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    spool.put_tasks([{"task_id": "t"}])
+    real_rename = os.rename
+
+    def retransmitted(src: object, dst: object) -> None:  # NFS: the retry of a done rename answers ENOENT
+        real_rename(src, dst)  # type: ignore[arg-type]
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+
+    monkeypatch.setattr(os, "rename", retransmitted)
+    lease = spool.claim_task("w")
+    monkeypatch.undo()
+    assert lease is not None and lease.task_id == "t"  # it looked into its own claim directory
+    assert spool.claim_task("other") is None
+
+
+def test_liveness_reads_counters_never_mtimes(tmp_path: Path) -> None:
+    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.2)
+    spool = Spool(tmp_path, config)
+    spool.put_tasks([{"task_id": "a"}, {"task_id": "b"}])
+    assert spool.claim_task("beating-old-mtime") and spool.claim_task("silent-fresh-mtime")
+    reaper = Spool(tmp_path, config)
+    reaper.reclaim_expired()
+    hb_dir = spool.heartbeat_dir
+    for _ in range(3):
+        time.sleep(0.5)
+        spool.heartbeat("beating-old-mtime")
+        os.utime(hb_dir / "beating-old-mtime", (0, 0))  # 1970: a clock-based check would call it dead
+        os.utime(hb_dir / "silent-fresh-mtime")  # touched now, counter unchanged: dead
+        reaper.reclaim_expired()
+    stats = reaper.stats()
+    assert (stats["tasks_ready"], stats["tasks_claimed"]) == (1, 1)
+    assert os.listdir(spool.tasks.claimed / "beating-old-mtime")
+
+
+def test_temporaries_of_other_hosts_are_cleaned_by_monotonic_age(tmp_path: Path) -> None:
+    leftover = tmp_path / ".tmp@4242@some-other-host@0001-shard"
+    leftover.write_bytes(b"half a shard")
+    cleaner = TmpCleaner(max_age_s=0.3)
+    assert cleaner.clean(tmp_path, os.listdir(tmp_path)) == 0  # first sight: its writer may live
+    time.sleep(0.4)
+    assert cleaner.clean(tmp_path, os.listdir(tmp_path)) == 1
+    assert not leftover.exists()
