@@ -21,7 +21,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _spec(tmp: Path, secret_file: Path) -> ServerSpec:
     return ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0, secret_file=secret_file,
-                      log_path=tmp / "server.log", threads=2, max_batch=16,
+                      log_path=tmp / "server.log", threads=1, max_batch=16,
                       vllm_python=str(vllm_venv() / "bin" / "python"), cpu_kvcache_gb=1, dtype="float32")
 
 

@@ -299,17 +299,18 @@ class Engine:
         """Sample one token for every row; returns the indices of rows that finished."""
         b = self._batch
         raw = torch.log_softmax(b.logits, dim=-1)
+        tokens = [_sample_one(b.logits[i], row, self._loaded.eos_ids) for i, row in enumerate(b.rows)]
+        chosen = raw[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        k = max(row.params.logprobs or 0 for row in b.rows)
+        top_vals, top_ids = raw.topk(k, dim=-1) if k else (raw[:, :0], raw[:, :0])
+        vals, ids = top_vals.tolist(), top_ids.tolist()
         finished = set()
         for i, row in enumerate(b.rows):
-            token = _sample_one(b.logits[i], row, self._loaded.eos_ids)
-            k = row.params.logprobs or 0
-            top = {}
-            if k:
-                vals, idx = raw[i].topk(k)
-                top = {int(t): float(v) for t, v in zip(idx, vals, strict=True)}
-            top[token] = float(raw[i, token])
-            row.append(token, float(raw[i, token]), top, self._loaded.version)
-            if self._finish(row, token):
+            kr = row.params.logprobs or 0
+            top = dict(zip(ids[i][:kr], vals[i][:kr], strict=True))
+            top[tokens[i]] = chosen[i]
+            row.append(tokens[i], chosen[i], top, self._loaded.version)
+            if self._finish(row, tokens[i]):
                 finished.add(i)
                 row.done.set()
         return finished
