@@ -59,8 +59,10 @@ class SlurmConfig:
         3, doc="times the batch script restarts a rollout step that ended (its leased tasks are reclaimed)", min=0,
         resumable=True,
     )
-    rollout_restart_delay_s: int = knob(10, doc="wait before restarting a rollout step", min=0, max=600,
-                                        resumable=True)
+    rollout_restart_delay_s: int = knob(
+        10, doc="wait before restarting a rollout step (the batch script sleeps meanwhile, so it is kept short: "
+        "a failing train or infer group still ends the job within a minute)", min=0, max=20, resumable=True,
+    )
     stop_grace_s: int = knob(
         30, doc="when the job ends, seconds the remaining steps get to exit after SIGTERM (keeps a failed "
         "train or infer group from holding the job for more than a minute)", min=1, max=50, resumable=True,
