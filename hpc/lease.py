@@ -77,9 +77,9 @@ class TmpCleaner:
 
     def _dead(self, path: Path, name: str) -> bool:
         _, pid, host, _rest = (name.split("@", 3) + ["", "", ""])[:4]
-        if host == HOST and pid.isdigit():
-            return not _pid_alive(int(pid))
-        try:
+        if host == HOST and pid.isdigit() and not _pid_alive(int(pid)):
+            return True
+        try:  # another host, or a pid that is alive (perhaps reused): judge by unchanged size
             size = path.stat().st_size
         except OSError:
             return False
