@@ -279,7 +279,7 @@ class Spool:
         return False
 
     def _claim_dir(self, consumer_id: str) -> Path:
-        path = self.claimed / f"{safe_name(consumer_id)}@g{self._generation.get(consumer_id, 0)}"
+        path = self.claimed / f"{safe_name(consumer_id)}@g{self._my_generation(consumer_id)}"
         if path not in self._made:
             path.mkdir(exist_ok=True)
             self._made.add(path)
@@ -355,8 +355,21 @@ class Spool:
         gens = [int(n) for n in visible(listdir(self.fence_dir)) if n.isdigit()]
         return max(gens, default=0)
 
+    def _my_generation(self, consumer_id: str) -> int:
+        """The generation this object holds for ``consumer_id``. An object that never fenced adopts
+        the current generation when ``consumer_id`` is the one that fenced it (a helper process of
+        the current trainer); a stale object keeps the generation it fenced, and is refused."""
+        if consumer_id not in self._generation:
+            current = self.current_generation()
+            try:
+                owner = json.loads((self.fence_dir / f"{current:08d}").read_bytes())["consumer"] if current else None
+            except (OSError, ValueError, KeyError):
+                owner = None
+            self._generation[consumer_id] = current if owner == consumer_id else 0
+        return self._generation[consumer_id]
+
     def _check_fence(self, consumer_id: str) -> int:
-        mine, current = self._generation.get(consumer_id, 0), self.current_generation()
+        mine, current = self._my_generation(consumer_id), self.current_generation()
         if mine != current:
             raise FencedError(f"consumer {consumer_id!r} holds generation {mine} but generation {current} "
                               f"exists (a newer trainer started): stop this process; its work is recovered "
@@ -418,7 +431,7 @@ class Spool:
     def _maybe_sweep(self, consumer_id: str) -> None:
         """Now and then, the current consumer returns shards that stale generations claimed after
         its ``recover`` (a fenced trainer that still ran for a while) to ready."""
-        generation = self._generation.get(consumer_id, 0)
+        generation = self._my_generation(consumer_id)
         if not generation or time.monotonic() < self._next_sweep:
             return
         self._next_sweep = time.monotonic() + max(1.0, self.config.lease_s / 4)

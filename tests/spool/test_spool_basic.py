@@ -166,6 +166,10 @@ def test_fencing_stops_a_stale_consumer(tmp_path: Path) -> None:
     assert len(_consume_all(new, "trainer")) == 2  # the current trainer sweeps it back and trains it
     assert new.stats()["trajectories_committed"] == 2
     assert list(stale_dir.iterdir()) == []
+    with spool.writer("w") as writer:
+        writer.add_group(make_group("b", 3))
+    helper = Spool(tmp_path)  # a fresh object of the current trainer (same id) adopts its generation
+    assert len(_consume_all(helper, "trainer")) == 3
 
 
 def test_recover_commits_checkpointed_and_returns_the_rest(tmp_path: Path) -> None:
