@@ -8,12 +8,16 @@ What :func:`evaluate` does, in order (every step on a fresh directory under ``sc
 2. Apply the agent's diff (tracked and new files, binary too): ``git apply``, then once more with
    ``--recount --ignore-whitespace`` (hand-written diffs). A diff that does not apply scores 0
    with status ``ok`` (it is the agent's fault, not the infrastructure's).
-3. Neutralise tampering: remove symlinks the agent added; delete agent-added ``conftest.py``,
+3. Neutralise tampering: remove symlinks the agent added; delete agent-added test files and
+   ``conftest.py``,
    pytest/tox/setup config files, ``*.pth``, ``sitecustomize``/``usercustomize``, bytecode,
    ``*.dist-info``/``*.egg-info`` metadata (pytest plugin entry points) and top-level modules that
-   would shadow the standard library or the test runner; reset every file the test patch touches,
-   every file that holds a FAIL_TO_PASS/PASS_TO_PASS test, and every base ``conftest.py``/config
-   file to the base version (or delete it if new).
+   would shadow the standard library or the test runner; reset to the base version (or delete if
+   new) every file the test patch touches, every file that holds a FAIL_TO_PASS/PASS_TO_PASS test,
+   all base test infrastructure (under ``tests/``, ``test_*.py``, ``*_test.py``, ``conftest.py``)
+   and runner configuration. Lines the diff adds to other files that name test-runner internals
+   (``_pytest``, ``hookimpl``, ``TestReport``...) flag the result and force reward 0, unless the
+   repository's own code already names them.
 4. Apply the test patch; run the tests in a FRESH sandbox whose ``/work`` is this tree. The default
    runner is ``python3 -I -B`` (no user site, no PYTHON* variables, no bytecode written; agent-added
    bytecode was deleted in step 3) with a cleared environment, ``-p no:cacheprovider``, plugin autoload off, and
@@ -24,15 +28,16 @@ Statuses: ``ok`` (the reward is meaningful), ``timeout`` (the test run exceeded 
 not reported count as MISSING, reward 0), ``harness_error`` (an infrastructure fault: sandbox did not
 start, repo missing, broken task; the pipeline must exclude it from the loss, never score it 0).
 
-Not prevented: code under test runs in the test process and could subvert pytest from inside
-(monkeypatching its internals). The sandbox contains such code, and the gold/empty check of
-``spoolrl tasks check`` keeps honest tasks honest; detecting deliberate runner subversion needs
-a second, out-of-process opinion (future work).
+Not prevented: code under test runs in the test process and could subvert the runner from inside
+in ways the static check above does not see (obfuscated names, ``getattr`` tricks, writing to the
+saved stdout descriptor). The sandbox contains such code; a second, out-of-process opinion on the
+results would be the next step.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -49,7 +54,7 @@ from hpc.config import SandboxConfig
 from hpc.errors import SandboxError, SpoolrlError
 from rollout_node.tasks.instance import TaskInstance
 from rollout_node.tasks.parsers import outcomes_for
-from rollout_node.tasks.patches import patch_paths
+from rollout_node.tasks.patches import added_lines, patch_paths
 from rollout_node.tasks.repos import find_mirror, harness_git_dir, run_git
 
 PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
@@ -57,6 +62,11 @@ PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.in
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "sitecustomize",
                             "usercustomize"})
 SHADOW_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
+# Test-runner internals that a bug fix has no business touching: code that names them in a diff is
+# trying to change how results are reported (unless the repository itself already does).
+RUNNER_INTERNALS = re.compile(r"\b(_pytest|pluggy|TestReport|hookimpl|pytest_runtest_\w+|pytest_collection\w*|"
+                              r"pytest_report\w*|pytest_terminal_summary|pytest_sessionfinish|_TextTestResult|"
+                              r"TextTestResult|TestResult)\b")
 EVAL_OUTPUT_KB = 4096
 LOG_EXCERPT_CHARS = 8000
 EVAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -93,6 +103,7 @@ class EvalResult:
     log: str = ""
     duration_s: float = 0.0
     error: str = ""
+    flags: tuple[str, ...] = ()  # tampering suspected (reward forced to 0): "path: what"
 
     @property
     def infrastructure_failure(self) -> bool:
@@ -101,7 +112,7 @@ class EvalResult:
     def to_dict(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "reward": self.reward, "status": self.status,
                 "outcomes": dict(self.outcomes), "diff_applied": self.diff_applied, "log": self.log,
-                "duration_s": round(self.duration_s, 3), "error": self.error}
+                "duration_s": round(self.duration_s, 3), "error": self.error, "flags": list(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,7 @@ def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: Sand
     missing = {t: "MISSING" for t in task.tests}
     if diff.strip() and not _apply(tree, diff):
         return EvalResult(task.instance_id, 0.0, "ok", missing, False, "the agent's diff does not apply")
+    flags = _suspicious(tree, task, diff)
     _neutralise(tree, task)
     if not _apply(tree, task.test_patch):
         return EvalResult(task.instance_id, 0.0, "ok", missing, True,
@@ -146,10 +158,11 @@ def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: Sand
         raise SandboxError(f"the test runner never started (no start marker; timed out: {run.timed_out}); "
                            f"check the image and tasks.eval_python. Output: {run.output[-600:]!r}")
     outcomes = outcomes_for(task.tests, run.output, task.log_parser)
-    reward = 1.0 if all(v == "PASSED" for v in outcomes.values()) else 0.0
+    passed = all(v == "PASSED" for v in outcomes.values())
     status = "timeout" if run.timed_out else "ok"
-    return EvalResult(task.instance_id, reward if status == "ok" else 0.0, status, outcomes, True,
-                      run.output[-LOG_EXCERPT_CHARS:])
+    reward = 1.0 if passed and status == "ok" and not flags else 0.0
+    return EvalResult(task.instance_id, reward, status, outcomes, True, run.output[-LOG_EXCERPT_CHARS:],
+                      flags=tuple(flags))
 
 
 def _checkout(task: TaskInstance, evaldir: Path, repo_cache: Path) -> _Tree:
@@ -186,13 +199,51 @@ def _neutralise(tree: _Tree, task: TaskInstance) -> None:
     for rel in _git_lines(tree, ["ls-files", "--others", "-z"]):
         if _forbidden_new_file(root, rel):
             (root / rel).unlink(missing_ok=True)
-    named = {t.split("::", 1)[0] for t in task.tests if "::" in t}  # files of PASS_TO_PASS tests too
-    reset = set(patch_paths(task.test_patch)) | named | {p for p in base_files if Path(p).name in PROTECTED_NAMES}
+    reset = _reset_paths(task, base_files)
     for rel in sorted(reset):
         _remove(root / rel)
     restore = sorted(p for p in reset if p in base_files)
     if restore:
         run_git([*tree.git, "checkout", "-q", task.base_commit, "--", *restore], cwd=root)
+
+
+def is_test_path(rel: str) -> bool:
+    """Test infrastructure by location: under a ``tests`` directory, ``test_*.py``, ``*_test.py``, conftest."""
+    path = Path(rel)
+    name = path.name
+    return ("tests" in path.parts[:-1] or name == "conftest.py"
+            or (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))))
+
+
+def _reset_paths(task: TaskInstance, base_files: set[str]) -> set[str]:
+    """Paths restored to base (or removed if new): the test patch's, the named tests' files, base test
+    infrastructure (as SWE-bench splits fixes from tests, a fix never needs to change those) and
+    runner configuration."""
+    named = {t.split("::", 1)[0] for t in task.tests if "::" in t}
+    base = {p for p in base_files if is_test_path(p) or Path(p).name in PROTECTED_NAMES}
+    return set(patch_paths(task.test_patch)) | named | base
+
+
+def _suspicious(tree: _Tree, task: TaskInstance, diff: str) -> list[str]:
+    """Added lines naming test-runner internals, in files that are not reset anyway."""
+    base_files = set(_git_lines(tree, ["ls-files", "-z"]))
+    reset = _reset_paths(task, base_files)
+    flags = []
+    for rel, lines in added_lines(diff).items():
+        if rel in reset:
+            continue
+        hits = sorted({m.group(1) for line in lines for m in RUNNER_INTERNALS.finditer(line)})
+        hits = [h for h in hits if not _repo_uses(tree, task, h)]
+        if hits:
+            flags.append(f"{rel}: names test-runner internals ({', '.join(hits)})")
+    return flags
+
+
+def _repo_uses(tree: _Tree, task: TaskInstance, word: str) -> bool:
+    """Whether the base commit's non-test code already names ``word`` (e.g. pytest's own repository)."""
+    proc = run_git([*tree.git, "grep", "-q", "-w", "-F", word, task.base_commit, "--", "*.py", ":!*tests/*",
+                    ":!*test_*.py", ":!*conftest.py"], cwd=tree.root, check=False)
+    return proc.returncode == 0
 
 
 def _git_lines(tree: _Tree, args: list[str]) -> list[str]:
@@ -212,6 +263,8 @@ def _forbidden_new_file(root: Path, rel: str) -> bool:
     parts = Path(rel).parts
     name = parts[-1]
     if name in PROTECTED_NAMES or name.endswith((".pth", ".pyc", ".pyo")) or "__pycache__" in parts:
+        return True
+    if is_test_path(rel):  # new test infrastructure (e.g. a tests/__init__.py) is never needed by a fix
         return True
     if any(p.endswith((".dist-info", ".egg-info", ".egg-link")) for p in parts):
         return True

@@ -74,3 +74,21 @@ def _is_file_header(lines: list[str], i: int) -> bool:
     if line.startswith("+++ "):
         return i > 0 and lines[i - 1].startswith("--- ")
     return True
+
+
+def added_lines(diff: str) -> dict[str, list[str]]:
+    """Path (new side) -> the lines the patch adds to it (binary patches contribute nothing)."""
+    out: dict[str, list[str]] = {}
+    current: str | None = None
+    lines = diff.splitlines()
+    for i, line in enumerate(lines):
+        m = _DIFF_GIT.match(line)
+        if m:
+            current = _strip(m["b"], False)
+            continue
+        if line.startswith("+++ ") and _is_file_header(lines, i):
+            current = _strip(line[4:].split("\t")[0], False) or current
+            continue
+        if current and line.startswith("+") and not line.startswith("+++ "):
+            out.setdefault(current, []).append(line[1:])
+    return out

@@ -58,3 +58,34 @@ def test_pass_to_pass_files_are_reset_even_when_the_test_patch_does_not_touch_th
     assert result.outcomes == {f"{new_test}::test_enclosing": "PASSED",
                                "tests/test_intervals.py::test_merge_overlapping": "FAILED"}
     assert result.reward == 0.0
+
+
+def test_runner_internals_flag_spares_repositories_that_use_them(tmp_path: Path) -> None:
+    """A diff naming test-runner internals is flagged (reward 0) unless the repo's own code names them."""
+    from rollout_node.tasks.repos import materialise
+    src = tmp_path / "src"
+    (src / "plug").mkdir(parents=True)
+    (src / "tests").mkdir()
+    (src / "plug" / "__init__.py").write_text("")
+    (src / "plug" / "core.py").write_text("def add(a, b):\n    return a - b\n")
+    (src / "plug" / "hooks.py").write_text("HOOKS = {}  # our own hookimpl markers\n")
+    (src / "tests" / "test_core.py").write_text("from plug.core import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n")
+    cache = tmp_path / "cache"
+    base = materialise(src, cache / "acme__plug.git", "acme/plug")
+    test_patch = ("diff --git a/tests/test_core.py b/tests/test_core.py\n--- a/tests/test_core.py\n"
+                  "+++ b/tests/test_core.py\n@@ -3,3 +3,7 @@ from plug.core import add\n \n def test_zero():\n"
+                  "     assert add(0, 0) == 0\n+\n+\n+def test_add():\n+    assert add(2, 3) == 5\n")
+    task = TaskInstance(instance_id="acme__plug-1", repo="acme/plug", base_commit=base, patch="", test_patch=test_patch,
+                        FAIL_TO_PASS=("tests/test_core.py::test_add",), PASS_TO_PASS=("tests/test_core.py::test_zero",))
+
+    def fix(extra: str) -> str:
+        work = tmp_path / f"work-{abs(hash(extra))}"
+        prepare_workdir(task, work, cache)
+        (work / "plug" / "core.py").write_text(f"def add(a, b):\n    return a + b\n{extra}")
+        return collect_diff(work, task, cache)
+
+    clean = score(task, fix("# registers a hookimpl\n"), cache, tmp_path)
+    assert (clean.reward, clean.flags) == (1.0, ())
+    flagged = score(task, fix("import _pytest  # noqa\n"), cache, tmp_path)
+    assert flagged.outcomes[task.FAIL_TO_PASS[0]] == "PASSED"
+    assert (flagged.reward, flagged.flags) == (0.0, ("plug/core.py: names test-runner internals (_pytest)",))

@@ -157,3 +157,14 @@ def test_patch_paths() -> None:
     assert patch_paths(diff) == ["src/x.py", "old.py", "new.py", "added.txt", "sp aceé.py"]
     assert patch_paths("--- x.py\n+++ x.py\n") == ["x.py"]
     assert patch_paths("") == []
+
+
+def test_added_lines_and_test_paths() -> None:
+    from rollout_node.tasks.harness import is_test_path
+    from rollout_node.tasks.patches import added_lines
+    diff = ("diff --git a/pkg/a.py b/pkg/a.py\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1,2 +1,2 @@\n-old\n+new\n ctx\n"
+            "diff --git a/b.py b/b.py\nnew file mode 100644\n--- /dev/null\n+++ b/b.py\n@@ -0,0 +1 @@\n++x\n")
+    assert added_lines(diff) == {"pkg/a.py": ["new"], "b.py": ["+x"]}
+    assert all(map(is_test_path, ["tests/helpers.py", "pkg/tests/data/x.json", "pkg/test_a.py", "a_test.py",
+                                  "conftest.py", "tests/__init__.py"]))
+    assert not any(map(is_test_path, ["django/test/utils.py", "pkg/testing.py", "tests", "attest.py"]))
