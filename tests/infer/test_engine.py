@@ -137,3 +137,34 @@ def test_truncated_sampling_stays_in_the_kept_set(models: dict[str, Path], top_p
             assert len(top) >= 5
     finally:
         engine.close()
+
+
+def test_client_that_hangs_up_frees_its_batch_slot(models: dict[str, Path]) -> None:
+    import json
+    import socket
+    import time
+
+    app = App(ServeOptions())
+    srv = make_server(make_handler(app), port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        app.load(models["a"], 0)
+        assert app.engine is not None
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 1900, "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", srv.server_address[1])) as conn:  # type: ignore[index]
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 30
+            while not app.engine._batch.rows and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert app.engine._batch.rows, "the request never started"
+            (seq,) = app.engine._batch.rows
+        assert seq.done.wait(120)
+        assert seq.finish_reason == "abort" and len(seq.token_ids) < 1900
+        deadline = time.monotonic() + 10
+        while app.engine._batch.rows and time.monotonic() < deadline:  # it leaves at the end of that step
+            time.sleep(0.05)
+        assert not app.engine._batch.rows
+    finally:
+        srv.shutdown()
+        app.close()

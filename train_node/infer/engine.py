@@ -70,6 +70,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
         self.error: str | None = None
+        self.cancelled = False  # set by a caller that gave up; the engine drops the row at its next step
         self.done = threading.Event()
 
     def result(self) -> ChoiceResult:
@@ -317,7 +318,9 @@ class Engine:
 
     def _finish(self, row: Sequence, token: int) -> bool:
         n = len(row.token_ids)
-        if n >= row.params.min_tokens and token in row.params.stop_token_ids:
+        if row.cancelled:
+            row.finish_reason = "abort"
+        elif n >= row.params.min_tokens and token in row.params.stop_token_ids:
             row.finish_reason, row.stop_reason = "stop", token
         elif n >= row.params.min_tokens and not row.params.ignore_eos and token in self._loaded.eos_ids:
             row.finish_reason = "stop"

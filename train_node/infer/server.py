@@ -17,8 +17,11 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import select
+import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +85,8 @@ class App:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def complete(self, req: CompletionRequest) -> dict[str, Any]:
+    def complete(self, req: CompletionRequest, client_gone: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """Generate all choices; a client that hung up or a timeout cancels them (slots are freed)."""
         engine = self.engine
         assert engine is not None
         name = self.options.served_model_name
@@ -96,8 +100,11 @@ class App:
         engine.submit(seqs)
         deadline = time.monotonic() + self.options.request_timeout_s
         for s in seqs:
-            if not s.done.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError("generation did not finish within request_timeout_s")
+            while not s.done.wait(0.5):
+                if client_gone() or time.monotonic() > deadline:
+                    for other in seqs:
+                        other.cancelled = True  # free the batch slots instead of generating for nobody
+                    raise TimeoutError("client went away or request_timeout_s passed")
             if s.error:
                 raise RuntimeError(s.error)
         choices = [self._choice(i, s, req) for i, s in enumerate(seqs)]
@@ -158,9 +165,19 @@ def make_handler(app: App) -> type[JsonHandler]:
         def _completions(self) -> None:
             try:
                 req = parse_completion_request(self.read_json())
-                self.send_json(200, app.complete(req))
+                self.send_json(200, app.complete(req, self._client_gone))
             except BadRequest as exc:
                 self.send_error_json(exc.status, str(exc))
+
+        def _client_gone(self) -> bool:
+            """The client closed its end (EOF readable while we owe it an answer)."""
+            conn = self.connection
+            if not select.select([conn], [], [], 0)[0]:
+                return False
+            try:
+                return conn.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def _reload(self) -> None:
             if not app.options.secret:
