@@ -298,9 +298,7 @@ class TaskQueue:
     """The task side of the spool: ``tasks/{ready,claimed/<worker>,done}``."""
 
     def __init__(self, root: Path, heartbeats: Path, lease_s: float, reap_interval_s: float) -> None:
-        self.ready, self.claimed, self.done = root / "ready", root / "claimed", root / "done"
-        for d in (self.ready, self.claimed, self.done):
-            d.mkdir(parents=True, exist_ok=True)
+        self.ready, self.claimed, self.done = root / "ready", root / "claimed", root / "done"  # made by Spool
         self.heartbeats = heartbeats
         self.lease_s = lease_s
         self.reap_interval_s = reap_interval_s

@@ -117,9 +117,11 @@ class Spool:
         self.commits, self.dropped_dir = self.shards / "commits", root / "dropped"
         self.fence_dir = self.paths.control / "fence"
         if not self.fence_dir.is_dir():  # created last: one stat when the spool exists already
+            tasks = root / "tasks"
             try:
-                for d in (self.heartbeat_dir, self.ready, self.claimed, self.committed, self.quarantine,
-                          self.commits, self.dropped_dir, self.fence_dir):
+                for d in (tasks / "ready", tasks / "claimed", tasks / "done", self.heartbeat_dir, self.ready,
+                          self.claimed, self.committed, self.quarantine, self.commits, self.dropped_dir,
+                          self.fence_dir):
                     d.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise fs_error(exc, root, "creating the spool") from exc

@@ -218,6 +218,24 @@ def traced_idle(base: str, seconds: float) -> None:
     _marker(MARK_END)
 
 
+def _joined_calls(lines: list[str]) -> list[str]:
+    """strace -f splits a call interrupted by another process into '<unfinished ...>' and
+    '<... NAME resumed>' lines; join them back into one line per call."""
+    pending: dict[str, str] = {}
+    out = []
+    for line in lines:
+        pid = line.split(" ", 1)[0]
+        if line.endswith("<unfinished ...>"):
+            pending[pid] = line[: -len("<unfinished ...>")]
+            continue
+        m = re.match(r"^(\d+)\s+<\.\.\. \w+ resumed>(.*)$", line)
+        if m:
+            out.append(pending.pop(pid, f"{pid} ?(") + m.group(2))
+            continue
+        out.append(line)
+    return out
+
+
 def strace_counts(base: Path, phase: str, value: float) -> tuple[dict[str, int], int]:
     """(syscall -> count between the markers, O_CREAT opens) for one traced phase."""
     log = base / f"strace-{phase}.log"
@@ -226,19 +244,17 @@ def strace_counts(base: Path, phase: str, value: float) -> tuple[dict[str, int],
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     counts: dict[str, int] = {}
     creates, inside = 0, False
-    for line in log.read_text(errors="replace").splitlines():
+    for line in _joined_calls(log.read_text(errors="replace").splitlines()):
         if MARK_START in line:
             inside = True
             continue
         if MARK_END in line:
             break
         m = re.match(r"^\d+\s+(\w+)\(", line)
-        if not inside or not m:
-            continue
+        if not inside or not m or "AT_EMPTY_PATH" in line:
+            continue  # AT_EMPTY_PATH: fstat of an open descriptor, answered without a lookup
         name = m.group(1)
-        if "AT_EMPTY_PATH" in line:
-            continue  # fstat of an open descriptor: answered from the open file, no lookup
-        if name in CHANGING and " = 0" not in line:
+        if name in CHANGING and not re.search(r"\)\s+= 0$", line):
             name += "(failed)"  # e.g. mkdir of an existing dir: a lookup, nothing changed
         elif name not in CHANGING and name not in LOOKUPS:
             continue
