@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(json.dumps(row, sort_keys=True))
     missing = sum(len(r["commits_missing"]) for r in rows)
-    print(f"prepare_repos: {len(rows)} repositories in {args.cache_dir}; {missing} commit(s) missing",
+    hint = " (fetch newer history with --update, or check the task's repo/source)" if missing else ""
+    print(f"prepare_repos: {len(rows)} repositories in {args.cache_dir}; {missing} commit(s) missing{hint}",
           file=sys.stderr)
     return 1 if missing else 0
 
