@@ -38,7 +38,7 @@ from hpc.render import render  # noqa: E402
 from hpc.rundir import create_run  # noqa: E402
 
 SHARED = Path(os.environ.get("SPOOLRL_SLURM_ROOT", "/var/lib/spoolrl-slurm")) / "shared"
-USER = os.environ.get("SPOOLRL_SLURM_USER") or "spoolrl-ci"
+USER = os.environ.get("SPOOLRL_SLURM_USER") or os.environ.get("SPOOLRL_CI_USER") or "spoolrl-ci"
 
 
 def wait(check: Callable[[], object], timeout_s: float = 120, poke: bool = False) -> float:

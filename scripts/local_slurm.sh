@@ -23,7 +23,7 @@
 #   SPOOLRL_SLURM_CPUS       CPUs declared per node (may exceed the real count)      [4]
 #   SPOOLRL_SLURM_MEM_MB     memory declared per node                                [4096]
 #   SPOOLRL_SLURM_GPUS       fake GPUs per GPU node                                  [2]
-#   SPOOLRL_SLURM_USER       unprivileged submit user to create ('' = none)          [spoolrl-ci]
+#   SPOOLRL_SLURM_USER       unprivileged submit user to create ('' = none)  [$SPOOLRL_CI_USER or spoolrl-ci]
 #   SPOOLRL_SLURM_APT_OPTS   extra apt-get options (e.g. a private source list)      []
 set -euo pipefail
 
@@ -33,7 +33,7 @@ NUM_GPU_NODES=${SPOOLRL_SLURM_GPU_NODES:-2}
 NODE_CPUS=${SPOOLRL_SLURM_CPUS:-4}
 NODE_MEM_MB=${SPOOLRL_SLURM_MEM_MB:-4096}
 NODE_GPUS=${SPOOLRL_SLURM_GPUS:-2}
-SUBMIT_USER=${SPOOLRL_SLURM_USER-spoolrl-ci}
+SUBMIT_USER=${SPOOLRL_SLURM_USER-${SPOOLRL_CI_USER:-spoolrl-ci}}
 read -r -a APT_OPTS <<<"-o DPkg::Lock::Timeout=900 ${SPOOLRL_SLURM_APT_OPTS:-}"
 CLUSTER=spoolrl
 HOST=$(hostname -s)

@@ -15,7 +15,7 @@ from hpc.paths import RunPaths
 
 SLURM_ROOT = Path(os.environ.get("SPOOLRL_SLURM_ROOT", "/var/lib/spoolrl-slurm"))
 SHARED = SLURM_ROOT / "shared"
-CI_USER = os.environ.get("SPOOLRL_SLURM_USER") or "spoolrl-ci"
+CI_USER = os.environ.get("SPOOLRL_SLURM_USER") or os.environ.get("SPOOLRL_CI_USER") or "spoolrl-ci"
 FAKE_PYTHON = Path(__file__).with_name("fake_python.sh")
 
 
