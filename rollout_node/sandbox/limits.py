@@ -9,9 +9,13 @@ Guarantees:
   not per node user; the local runtime gets no process limit from rlimits (it would count every
   process of the uid) and relies on the watchdog alone.
 - One watchdog thread per node process scans /proc every ``interval_s`` (0.2 s), sums the
-  resident anonymous memory and counts the processes of each registered sandbox's process tree,
+  resident anonymous memory and counts the tasks (processes and threads, as RLIMIT_NPROC does)
+  of each registered sandbox's process tree,
   and kills a tree that exceeds ``mem_bytes`` or ``max_procs``; the owner learns why through
-  :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed.
+  :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
+  past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
+  launch is its own session, hence its own autogroup when ``kernel.sched_autogroup_enabled``).
+  As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): the watchdog alone bounds it.
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
 """
 
@@ -63,8 +67,9 @@ def sandbox_preexec() -> None:
 
 # ---------------------------------------------------------------- process table
 
-def _ppid_table() -> dict[int, int]:
-    """pid -> ppid for every process visible in /proc (one read of /proc/PID/stat each)."""
+def _ppid_table(threads: dict[int, int] | None = None) -> dict[int, int]:
+    """pid -> ppid for every process visible in /proc (one read of /proc/PID/stat each);
+    fills ``threads`` (pid -> number of threads) when given."""
     table: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -77,6 +82,8 @@ def _ppid_table() -> dict[int, int]:
         # comm may contain spaces and parentheses: split after the last ')'
         fields = stat[stat.rfind(b")") + 2:].split()
         table[int(name)] = int(fields[1])
+        if threads is not None:
+            threads[int(name)] = int(fields[17])
     return table
 
 
@@ -134,6 +141,20 @@ def _is_zombie(pid: int) -> bool:
 
 # ---------------------------------------------------------------- watchdog
 
+def _demote(roots: list[int]) -> bool:
+    """Lowest CPU weight for a sandbox's scheduler autogroup (one per session, i.e. per sandbox
+    launch): a sandbox heading for its limits stops slowing its neighbours even before it is killed."""
+    done = False
+    for pid in roots:
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write("19")
+            done = True
+        except OSError:
+            pass  # no autogroup support (CONFIG_SCHED_AUTOGROUP off, or disabled)
+    return done
+
+
 @dataclass
 class _Watched:
     roots: set[int]
@@ -142,6 +163,7 @@ class _Watched:
     verdict: str = ""
     peak_mem: int = 0
     peak_procs: int = 0
+    demoted: bool = False
 
 
 class Watchdog:
@@ -211,19 +233,33 @@ class Watchdog:
                 self.check_once(items)
 
     def check_once(self, items: list[tuple[str, _Watched, list[int]]]) -> None:
-        table = _ppid_table()
+        threads: dict[int, int] = {}
+        table = _ppid_table(threads)
         for _key, w, roots in items:
             pids = descendants(roots, table)
             mem = sum(anon_rss(p) for p in pids)
-            w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, len(pids))
+            # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
+            tasks = sum(threads.get(p, 1) for p in pids)
+            w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
+            if (tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2) and not w.demoted:
+                w.demoted = _demote(roots)
             why = ""
-            if len(pids) >= w.limits.max_procs:
-                why = f"{len(pids)} processes >= max_procs {w.limits.max_procs}"
+            if tasks >= w.limits.max_procs:
+                why = f"{tasks} processes/threads >= max_procs {w.limits.max_procs}"
             elif mem > w.limits.mem_bytes:
                 why = f"memory {mem / 2**20:.0f} MiB > limit {w.limits.mem_bytes / 2**20:.0f} MiB"
             if why:
-                kill_tree(roots)
-                with self._lock:
+                with self._lock:  # the verdict first: the owner asks for it as soon as its shell dies
                     w.verdict = f"sandbox killed by the watchdog: {why}"
+                kill_tree(roots)
                 if w.on_kill:
                     w.on_kill(w.verdict)
+
+
+def _forget_watchdog_in_child() -> None:
+    # a forked child inherits neither the thread nor the sandboxes: start from scratch
+    Watchdog._instance = None
+    Watchdog._instance_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_watchdog_in_child)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import ptyprocess  # type: ignore[import-untyped]
 
 from hpc.errors import SandboxError
+from rollout_node.sandbox import spawner
 from rollout_node.sandbox.limits import kill_tree, sandbox_preexec
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
 
@@ -97,8 +98,8 @@ class PtyShell:
         self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d+)\x1e")
         launch = self._launch(nonce)
         try:
-            self.proc = ptyprocess.PtyProcess.spawn(launch.argv, env=launch.env, cwd=launch.cwd,
-                                                    dimensions=self._dims, preexec_fn=_pty_preexec)
+            self.proc = spawner.spawn(lambda: ptyprocess.PtyProcess.spawn(
+                launch.argv, env=launch.env, cwd=launch.cwd, dimensions=self._dims, preexec_fn=_pty_preexec))
         except OSError as exc:
             raise SandboxError(f"could not start the sandbox shell ({launch.argv[0]}): {exc}") from exc
         self.spawns += 1
@@ -127,8 +128,8 @@ class PtyShell:
         kill_tree([proc.pid])
         status = self._reap(proc)
         try:
-            os.close(proc.fd)
-        except OSError:
+            proc.fileobj.close()  # closes proc.fd; closing the fd directly would let the file object
+        except OSError:           # close a reused fd number (a later shell's PTY) when collected
             pass
         proc.closed = True
         if self._on_death:

@@ -19,11 +19,12 @@ the python tool and clean-up are shared (``sandbox.py``, ``limits.py``). What ea
   ``legacy_tiocsti`` and only the sandbox's own terminal is reachable).
 
 **apptainer** (clusters; ``exec`` on a sandbox directory with ``--containall``):
-  GIVES: user, mount, pid and ipc namespaces, network namespace with ``--network none``,
-  cleaned environment, a contained ``/tmp`` and home, the work dir bound at ``/work``, image
-  read-only plus a throw-away writable tmpfs layer, no capabilities.
+  GIVES: user, mount, pid, ipc and uts namespaces, network namespace with ``--network none``
+  (only ``lo``), cleaned environment, the work dir bound at ``/work``, the image read-only under
+  a per-launch writable overlay directory and private ``/tmp``, ``/var/tmp`` and home, all on
+  node-local disk and thrown away with the launch; no capabilities.
   DOES NOT GIVE: anything beyond what the site's apptainer.conf allows (a setuid install may
-  differ); no UTS namespace; the same cgroup caveats as bwrap. Works for unprivileged users; VM
+  differ); the same cgroup and kernel caveats as bwrap. Works for unprivileged users; VM
   root here lacks CAP_SYS_RESOURCE, so root falls back to ``--userns`` mode.
 
 **local**: NO isolation at all - agent code runs as the node's user, with its network, its
@@ -54,6 +55,7 @@ class LaunchSpec:
     workdir: Path                  # host path of the episode's work dir
     image: Path | None             # staged image (root filesystem directory); None for local
     scratch: Path                  # node-local scratch of this episode (runtime temp/cache dirs)
+    layer: Path | None = None      # fresh node-local dir for this launch's writable layers
     tmp_bytes: int = 512 * 2**20
     env: dict[str, str] = field(default_factory=dict)   # extra variables inside (besides PATH/HOME/...)
 
@@ -151,8 +153,16 @@ class ApptainerRuntime(Runtime):
         # spython's exec builder adds nothing we need and cannot express --network none; the
         # CLI flags below are apptainer's documented, stable interface.
         argv = [self.binary, "--silent", "exec", "--containall", "--cleanenv", "--net", "--network", "none",
-                "--no-mount", "home,cwd", "--writable-tmpfs", "--bind", f"{spec.workdir}:{WORK_INSIDE}",
-                "--pwd", WORK_INSIDE]
+                "--uts", "--hostname", "sandbox", "--no-mount", "home,cwd"]
+        if spec.layer is not None:
+            # writable root layer and /tmp, /var/tmp, $HOME on node-local disk (not the site's small
+            # session tmpfs); thrown away with the launch
+            (spec.layer / "overlay").mkdir(parents=True, exist_ok=True)
+            (spec.layer / "work").mkdir(exist_ok=True)
+            argv += ["--overlay", str(spec.layer / "overlay"), "--workdir", str(spec.layer / "work")]
+        else:
+            argv.append("--writable-tmpfs")
+        argv += ["--bind", f"{spec.workdir}:{WORK_INSIDE}", "--pwd", WORK_INSIDE]
         if os.geteuid() == 0:
             argv.append("--userns")  # VM root lacks CAP_SYS_RESOURCE for the privileged path
         return argv + [str(spec.image), *command]

@@ -33,6 +33,7 @@ from pathlib import Path
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SandboxError
 from hpc.paths import node_scratch
+from rollout_node.sandbox import spawner
 from rollout_node.sandbox.files import FileTools
 from rollout_node.sandbox.images import ImageCache, ImageLease, default_image
 from rollout_node.sandbox.limits import Limits, Watchdog, descendants, kill_tree, sandbox_preexec
@@ -58,6 +59,7 @@ class Sandbox:
         self.scratch = user_scratch(cfg) / "sbx" / self.key
         self.submission: str | None = None
         self._closed = False
+        self._execs = 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self._ctl_fd = _open_ctl_dir(self.workdir)
@@ -70,10 +72,12 @@ class Sandbox:
         self.startup_s = self.shell.spawn()
 
     # ---------------------------------------------------------------- launching
-    def _spec(self, extra_env: dict[str, str]) -> LaunchSpec:
+    def _spec(self, extra_env: dict[str, str], layer: str) -> LaunchSpec:
         env = {ENV_MARKER: self.key, **extra_env}
+        layer_dir = self.scratch / layer
+        shutil.rmtree(layer_dir, ignore_errors=True)
         return LaunchSpec(workdir=self.workdir, image=self._image.path if self._image else None,
-                          scratch=self.scratch, tmp_bytes=self.limits.tmp_bytes, env=env)
+                          scratch=self.scratch, layer=layer_dir, tmp_bytes=self.limits.tmp_bytes, env=env)
 
     def _boot_script(self, then: str) -> str:
         ulimits = self.limits.ulimit_script(nproc=self.runtime.isolated)
@@ -81,7 +85,7 @@ class Sandbox:
 
     def _shell_launch(self, nonce: str) -> ShellLaunch:
         self.py.setup()
-        spec = self._spec({})
+        spec = self._spec({}, "shell")
         # The marker variables are exported by the boot script, not passed through the runtime:
         # apptainer rewrites PROMPT_COMMAND and evaluates $? in environment values.
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in marker_env(nonce).items())
@@ -118,10 +122,15 @@ class Sandbox:
     def exec(self, argv: list[str], *, timeout_s: float | None = None, keep: int | None = None) -> ToolResult:
         """Run ``argv`` as one fresh non-interactive process in a fresh sandbox (same image, same /work)."""
         self._check_open()
-        spec = self._spec({})
+        self._execs += 1
+        spec = self._spec({}, f"exec{self._execs}")
         boot = self._boot_script('exec "$@"')
         full = self.runtime.argv(spec, ["bash", "-c", boot, "bash", *argv])
-        return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep)
+        try:
+            return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep)
+        finally:
+            if spec.layer is not None:
+                shutil.rmtree(spec.layer, ignore_errors=True)
 
     def view(self, path: str, view_range: tuple[int, int] | None = None) -> ToolResult:
         return self.files.view(path, view_range)
@@ -149,10 +158,10 @@ class Sandbox:
         t0 = time.monotonic()
         buf = HeadTail(keep)
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env=self.runtime.host_env(spec),
-                                    cwd=self.runtime.host_cwd(spec), preexec_fn=sandbox_preexec,
-                                    start_new_session=True)
+            env, cwd = self.runtime.host_env(spec), self.runtime.host_cwd(spec)
+            proc = spawner.spawn(lambda: subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                cwd=cwd, preexec_fn=sandbox_preexec, start_new_session=True))
         except OSError as exc:
             raise SandboxError(f"could not start {argv[0]}: {exc}") from exc
         Watchdog.shared().add_root(self.key, proc.pid)
