@@ -36,6 +36,7 @@ results would be the next step.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -57,6 +58,7 @@ from rollout_node.tasks.parsers import outcomes_for
 from rollout_node.tasks.patches import added_lines, patch_paths
 from rollout_node.tasks.repos import find_mirror, harness_git_dir, run_git
 
+log = logging.getLogger(__name__)
 PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
                              "sitecustomize.py", "usercustomize.py"})
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "sitecustomize",
@@ -132,6 +134,9 @@ def evaluate(task: TaskInstance, diff: str, *, sandbox_cfg: SandboxConfig, scrat
         result = _evaluate_in(task, diff, evaldir, sandbox_cfg, repo_cache, timeout_s, eval_python, opener)
     except (SpoolrlError, OSError) as exc:
         result = EvalResult(task.instance_id, 0.0, "harness_error", error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a fault of the runtime or of this harness: still one result, never a dead node
+        log.exception("EVAL of %s failed unexpectedly", task.instance_id)
+        result = EvalResult(task.instance_id, 0.0, "harness_error", error=f"unexpected {type(exc).__name__}: {exc}")
     finally:
         if not keep:
             shutil.rmtree(evaldir, ignore_errors=True)

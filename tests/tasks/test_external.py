@@ -84,6 +84,7 @@ def test_prepare_repos_then_tasks_check_with_unittest_parser(tmp_path: Path) -> 
     assert "raise ValueError" not in (work / "calc.py").read_text()
 
 
+@pytest.mark.sandbox
 def test_tasks_check_flags_a_wrong_task_and_exits_nonzero(tmp_path: Path) -> None:
     """A task whose gold patch does not fix the bug (here: gold = empty) is reported, exit status 1."""
     if shutil.which("bwrap") is None:

@@ -89,3 +89,17 @@ def test_runner_internals_flag_spares_repositories_that_use_them(tmp_path: Path)
     flagged = score(task, fix("import _pytest  # noqa\n"), cache, tmp_path)
     assert flagged.outcomes[task.FAIL_TO_PASS[0]] == "PASSED"
     assert (flagged.reward, flagged.flags) == (0.0, ("plug/core.py: names test-runner internals (_pytest)",))
+
+
+def test_unexpected_runtime_faults_become_harness_errors(cache: Path, tmp_path: Path) -> None:
+    class Broken(RuntimeError):
+        pass
+
+    def opener(*args: object, **kwargs: object) -> object:
+        raise Broken("the runtime fell over")
+
+    task = load_tasks("builtin")[0]
+    result = evaluate(task, task.patch, sandbox_cfg=SandboxConfig(), scratch_dir=tmp_path, repo_cache=cache,
+                      opener=opener)  # type: ignore[arg-type]
+    assert (result.status, result.reward) == ("harness_error", 0.0) and "the runtime fell over" in result.error
+    assert not any(tmp_path.iterdir())
