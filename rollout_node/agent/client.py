@@ -74,10 +74,8 @@ def parse_completion(data: Any, prompt_ids: Sequence[int], server: str, latency_
     if not all(math.isfinite(x) and x <= 1e-4 for x in logprobs):
         raise ProtocolError("token_logprobs must be finite and <= 0")
     echoed = choice.get("prompt_token_ids")
-    if echoed is not None and len(echoed) == len(prompt_ids) and list(echoed) != list(prompt_ids):
-        raise ProtocolError("server echoed different prompt_token_ids than were sent")
-    if echoed is not None and len(echoed) != len(prompt_ids):
-        raise ProtocolError(f"server saw {len(echoed)} prompt tokens, {len(prompt_ids)} were sent")
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise ProtocolError(f"server echoed other prompt_token_ids ({len(echoed)}) than were sent ({len(prompt_ids)})")
     versions = versions_from_spans(choice.get("weight_versions"), len(ids))
     return Completion(token_ids=ids, logprobs=logprobs, versions=versions,
                       finish_reason=str(choice.get("finish_reason") or ""), server=server, latency_s=latency_s)

@@ -58,3 +58,13 @@ def test_seeds_are_deterministic_and_depend_on_every_input() -> None:
     seeds = {sampling_seed(*v) for v in variants}
     assert len(seeds) == len(variants) and s not in seeds
     assert all(0 <= x < 2 ** 31 for x in seeds)
+
+
+def test_agent_package_imports_no_torch_or_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, rollout_node.agent, rollout_node.agent.client, rollout_node.agent.endpoints; "
+            "bad = sorted(m for m in ('torch', 'transformers', 'train_node') if m in sys.modules); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
