@@ -55,6 +55,7 @@ class Episode:
     attempt: int
     seed: int
     stage: str = "init_queue"
+    last_stage: str = ""
     stage_t0: float = field(default_factory=time.monotonic)
     workdir: Path | None = None
     ctx: EpisodeContext | None = None
@@ -81,7 +82,7 @@ class Episode:
         now = time.monotonic()
         spent = now - self.stage_t0
         self.timings[f"{self.stage}_s"] = round(self.timings.get(f"{self.stage}_s", 0.0) + spent, 4)
-        self.stage, self.stage_t0 = next_queue, now
+        self.last_stage, self.stage, self.stage_t0 = self.stage, next_queue, now
         return spent
 
     def in_stage_s(self) -> float:

@@ -336,7 +336,7 @@ class RolloutNode:
                 ep = q.get(timeout=TICK_S)
             except queue.Empty:
                 continue
-            if ep.group.closed or ep.abort_reason:
+            if ep.group.closed:  # written or released meanwhile; an open group never loses an episode
                 self._discard(ep)
                 continue
             try:
@@ -378,6 +378,9 @@ class RolloutNode:
         if outcome.status.infrastructure:
             self.metrics.failure(Fault.HARNESS_ERROR.value)
             ep.metrics["error"] = str(outcome.details.get("error", outcome.status.value))
+            self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
+                                "fault": Fault.HARNESS_ERROR.value, "stage": "eval", "error": ep.metrics["error"],
+                                "eval_tries": ep.metrics.get("eval_tries", 1)})
             self._complete(ep, outcome.status, None)
             return
         ep.metrics.update({k: v for k, v in outcome.details.items() if isinstance(v, (int, float, str, bool))})
@@ -396,7 +399,7 @@ class RolloutNode:
         ep.metrics["error"] = error
         log.info("%s: %s (%s)", ep.key, fault.value, error)
         self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
-                            "fault": fault.value, "stage": ep.stage, "error": error[-2000:]})
+                            "fault": fault.value, "stage": ep.last_stage, "error": error[-2000:]})
         if outcome.retry_from == "init" and ep.attempt < self.rollout.max_retries and not ep.group.closed:
             nxt = Episode(ep.group, ep.sample_index, ep.attempt + 1,
                           self._seed(ep.group, ep.sample_index, ep.attempt + 1))
@@ -409,7 +412,7 @@ class RolloutNode:
 
     def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
         traj = ep.trajectory(status, reward)
-        self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": traj.attempt,
+        self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": ep.attempt,
                               "status": traj.status.value, "reward": traj.reward, "timings": traj.timings,
                               "error": ep.metrics.get("error", "")})
         with self.lock:

@@ -101,3 +101,31 @@ def test_tampering_agents_score_zero(tmp_path: Path, tamper: str) -> None:
     for task_id, (t,) in groups.items():
         assert (t.status, t.reward) == (Status.OK, 0.0), f"{tamper} on {task_id} must not be rewarded"
         assert t.metrics["diff_bytes"] > 0, "the tampering really changed the work dir"
+
+
+def test_fault_table_rows_on_real_sandboxes_and_harness(tmp_path: Path) -> None:
+    """Each row injected for real: the sandbox killed under the agent, a sandbox that cannot start,
+    a hung tool, an episode past run_timeout_s, a harness that fails, an inference failure."""
+    base = load_tasks("builtin")[0]
+    # A task whose test patch cannot apply: the harness cannot score it (not the agent's fault).
+    broken = {**base.to_dict(), "task_id": "harness",
+              "test_patch": "--- a/no_such_file.py\n+++ b/no_such_file.py\n@@ -1 +1 @@\n-x\n+y\n"}
+    no_image = {**base.to_dict(), "task_id": "no_image", "image": str(tmp_path / "no-such-image")}
+    plan = "crash=crash;crash_once=crash|gold;hang=hang;slow=slow;infer=inference_error;*=gold"
+    paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={plan}", "algorithm.group_size=1",
+                          "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=8")
+    refs = [{"task_id": name, "instance_id": base.instance_id, "group_size": 1}
+            for name in ("crash", "crash_once", "hang", "slow", "infer")]
+    Spool(paths.root, cfg.spool).put_tasks([*refs, broken, no_image])
+    run_node(paths, cfg, tmp_path, Workers(2, 4, 2))
+    got = {task_id: trajs[0] for task_id, trajs in written(paths, cfg).items()}
+    expect = {  # task: (status, reward, sample attempt) - see rollout_node/pipeline/faults.py
+        "crash": (Status.SANDBOX_ERROR, None, 1), "crash_once": (Status.OK, 1.0, 1),
+        "no_image": (Status.SANDBOX_ERROR, None, 1), "hang": (Status.OK, 1.0, 0),
+        "slow": (Status.TIMEOUT, 0.0, 0), "harness": (Status.HARNESS_ERROR, None, 0),
+        "infer": (Status.INFERENCE_ERROR, None, 1),
+    }
+    assert {k: (t.status, t.reward, t.metrics["sample_attempt"]) for k, t in got.items()} == expect
+    assert got["harness"].metrics["eval_tries"] == 2, "a harness error reruns EVAL (same diff) max_retries times"
+    assert [t.trainable for t in got.values()] == [s.trainable for s, _, _ in (expect[k] for k in got)]
+    assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
