@@ -1,6 +1,7 @@
 """``spoolrl spool stats RUN [--json]`` and ``spoolrl spool inspect SHARD [--json]``.
 
-Read-only: neither command claims, moves or repairs anything. ``inspect --json`` prints one JSON
+Read-only: neither command claims, moves or repairs anything (``stats`` creates the spool's
+empty directories if a run directory lacks them). ``inspect --json`` prints one JSON
 object per trajectory (token IDs included, via ``Trajectory.to_json``); a corrupt shard is an
 error with the reason, not a traceback.
 """
