@@ -29,7 +29,9 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
   still queued: :meth:`Spool.stats` counts each.
 - Idle polling (:meth:`Spool.wait_for_shards`, or ``claim_shards(..., if_changed=True)``) costs
   one ``stat`` of ``shards/ready`` per poll; it lists only when the directory's attributes changed
-  (and once more a few seconds later, so a coarse timestamp never hides a shard).
+  (and once more a few seconds later, so a coarse timestamp never hides a shard). On NFS the
+  client's directory attribute cache (acdirmin/acdirmax) delays what any poll can see; mount the
+  run directory with a small one (e.g. ``actimeo=1``) for a quick hand-over.
 
 Who does what: rollout workers ``claim_task`` -> ``keepalive``/``heartbeat`` -> ``writer().add_group``
 -> ``finish_task`` (False = the lease was lost: the result is deduplicated, never trained twice),
