@@ -135,4 +135,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """``--config FILE`` plus ``key=value`` overrides -> a validated RunConfig."""
     data = read_yaml(path) if path is not None else {}
+    if set(data) == {"config", "provenance"}:  # a run's frozen run.yaml (hpc.rundir) is a valid --config too
+        data = data["config"] or {}
     return config_from_dict(apply_overrides(data, overrides))

@@ -81,3 +81,10 @@ def test_run_yaml_is_plain_yaml(tmp_path: Path) -> None:
     paths = create_run(tmp_path / "run", load_config(None, CPU))
     data = yaml.safe_load(RunPaths(paths.root).run_yaml.read_text())
     assert set(data) == {"config", "provenance"}
+
+
+def test_frozen_run_yaml_is_a_valid_config_for_init_if_missing(tmp_path: Path) -> None:
+    cfg = load_config(None, CPU)
+    paths = create_run(tmp_path / "run", cfg)
+    assert load_config(paths.run_yaml) == cfg
+    assert create_run(paths.root, load_config(paths.run_yaml), if_missing=True) == paths
