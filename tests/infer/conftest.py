@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infer_helpers import SECRET, Running, vllm_unavailable, vllm_venv, wait_healthy
+from infer_helpers import SECRET, Running, vllm_gpus, vllm_unavailable, vllm_venv, wait_healthy
 
 from train_node.infer.servers import CpuServer, ServerSpec, VllmServer
 from train_node.infer.tiny import build_tiny_model
@@ -22,7 +22,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _spec(tmp: Path, secret_file: Path) -> ServerSpec:
     return ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0, secret_file=secret_file,
                       log_path=tmp / "server.log", threads=1, max_batch=16,
-                      vllm_python=str(vllm_venv() / "bin" / "python"), cpu_kvcache_gb=1, dtype="float32")
+                      vllm_python=str(vllm_venv() / "bin" / "python"), cpu_kvcache_gb=1, dtype="float32",
+                      gpus=vllm_gpus())
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("vllm", marks=pytest.mark.vllm)])

