@@ -95,6 +95,7 @@ class RolloutNode:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict[str, Any]:
         """Run until an exit condition holds (see ``cli.py``); returns the final metrics snapshot."""
+        self._remove_dead_scratch()
         self.scratch.mkdir(parents=True, exist_ok=True)
         self._writer_cm = self.spool.writer(self.worker_id)
         self.writer = self._writer_cm.__enter__()
@@ -112,6 +113,13 @@ class RolloutNode:
         finally:
             self._shutdown()
         return self.metrics.log_node(**self._gauges())
+
+    def _remove_dead_scratch(self) -> None:
+        """Work dirs left by a killed incarnation of this node id (``<node>.<pid>.<hex>``, pid gone)."""
+        for old in self.opts.scratch.glob(f"{self.opts.node_id}.*.*"):
+            pid = old.name.rsplit(".", 2)[-2]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
 
     def request_drain(self, reason: str) -> None:
         """Stop claiming; in-flight groups may finish until the drain deadline, then are released."""
@@ -508,3 +516,13 @@ class RolloutNode:
         except Exception:  # noqa: BLE001 - the lease then expires and the spool reclaims the task
             log.exception("releasing %s failed; its lease will expire", group.task_id)
         self.metrics.group_done(time.monotonic() - group.claimed_at, released=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
