@@ -41,12 +41,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait(30)
 
 
-def test_health_turns_200_only_after_the_model_loaded(models: dict[str, Path], tmp_path: Path) -> None:
-    ready = tmp_path / "ready.json"
-    # bind a known port: the server's socket exists before its model does
+def test_health_only_after_load_then_killed_mid_request(models: dict[str, Path], tmp_path: Path) -> None:
+    """/health is 200 only once the model loaded; a SIGKILL mid-request is a clean connection error."""
     import socket
 
-    with socket.socket() as s:
+    ready = tmp_path / "ready.json"
+    with socket.socket() as s:  # a known port: the server's socket exists before its model does
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = _serve(models["a"], "--port", str(port), "--ready-file", str(ready))
@@ -69,8 +69,35 @@ def test_health_turns_200_only_after_the_model_loaded(models: dict[str, Path], t
         assert 503 in [code for code, _ in seen], f"never saw the loading state: {seen[:5]}"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             assert r.status == 200
+        _kill_mid_request(proc, f"127.0.0.1:{port}")
     finally:
-        assert _stop(proc) == 0
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def _kill_mid_request(proc: subprocess.Popen[bytes], hostport: str) -> None:
+    outcome: dict[str, Any] = {}
+
+    def long_request() -> None:
+        conn = http.client.HTTPConnection(hostport, timeout=60)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps({"prompt": [1, 2, 3], "max_tokens": 1500,
+                                                                "ignore_eos": True}),
+                         {"Content-Type": "application/json"})
+            outcome["status"] = conn.getresponse().status
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            outcome["error"] = exc
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    thread.join(30)
+    assert not thread.is_alive(), "the client hung after the server died"
+    assert "status" not in outcome and isinstance(outcome["error"], (ConnectionError, http.client.HTTPException))
 
 
 def test_unix_socket_and_clean_sigterm(models: dict[str, Path], tmp_path: Path) -> None:
@@ -89,34 +116,3 @@ def test_unix_socket_and_clean_sigterm(models: dict[str, Path], tmp_path: Path) 
         assert _stop(proc) == 0
         assert time.monotonic() - t0 < 20
     assert not sock.exists()
-
-
-def test_server_killed_mid_request_gives_a_connection_error(models: dict[str, Path], tmp_path: Path) -> None:
-    ready = tmp_path / "ready.json"
-    proc = _serve(models["a"], "--ready-file", str(ready))
-    try:
-        url = _wait_file(ready, proc)["url"]
-        hostport = url.split("://", 1)[1]
-        outcome: dict[str, Any] = {}
-
-        def long_request() -> None:
-            conn = http.client.HTTPConnection(hostport, timeout=60)
-            try:
-                conn.request("POST", "/v1/completions", json.dumps({"prompt": [1, 2, 3], "max_tokens": 1500,
-                                                                    "ignore_eos": True}),
-                             {"Content-Type": "application/json"})
-                outcome["status"] = conn.getresponse().status
-            except (ConnectionError, http.client.HTTPException, OSError) as exc:
-                outcome["error"] = exc
-            finally:
-                conn.close()
-
-        thread = threading.Thread(target=long_request)
-        thread.start()
-        time.sleep(1.0)
-        os.kill(proc.pid, signal.SIGKILL)
-        thread.join(30)
-        assert not thread.is_alive(), "the client hung after the server died"
-        assert "status" not in outcome and isinstance(outcome["error"], (ConnectionError, http.client.HTTPException))
-    finally:
-        proc.wait(10)
