@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"spoolrl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `spoolrl spool inspect X | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
