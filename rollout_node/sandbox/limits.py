@@ -1,8 +1,8 @@
 """Per-sandbox limits without cgroups: rlimits set inside the sandbox plus a watchdog thread.
 
 Guarantees:
-- Every sandbox process gets ``oom_score_adj = 1000`` (set before exec, inherited), so under
-  memory pressure the kernel kills sandbox processes before the node process.
+- Every sandbox process gets ``oom_score_adj = 1000`` (set by the sandbox's first shell,
+  inherited), so under memory pressure the kernel kills sandbox processes before the node process.
 - rlimits (CPU seconds, address space, file size, processes) are set by the first shell inside
   the sandbox (``ulimit`` soft = hard, so the agent cannot raise them). Inside a user namespace
   (bwrap, apptainer) the kernel counts RLIMIT_NPROC per (user namespace, uid), i.e. per sandbox,
@@ -15,6 +15,7 @@ Guarantees:
   :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
   past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
   launch is its own session, hence its own autogroup when ``kernel.sched_autogroup_enabled``).
+  A sandbox the watchdog killed once starts every later shell demoted (penalty box).
   As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): the watchdog alone bounds it.
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
 """
@@ -54,15 +55,6 @@ class Limits:
         if nproc:
             parts.append(f"-u {self.max_procs + NPROC_HEADROOM}")
         return " && ".join(f"ulimit {p}" for p in parts)
-
-
-def sandbox_preexec() -> None:
-    """Runs in the forked child before the runtime is exec'ed (must not allocate much or raise)."""
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------- process table
@@ -164,6 +156,7 @@ class _Watched:
     peak_mem: int = 0
     peak_procs: int = 0
     demoted: bool = False
+    kills: int = 0
 
 
 class Watchdog:
@@ -193,8 +186,13 @@ class Watchdog:
                 self._thread.start()
 
     def add_root(self, key: str, pid: int) -> None:
+        """Watch the tree under ``pid``; a sandbox the watchdog killed before starts demoted."""
         with self._lock:
-            self._watched[key].roots.add(pid)
+            w = self._watched[key]
+            w.roots.add(pid)
+            penalised = w.kills > 0
+        if penalised:
+            _demote([pid])
 
     def remove_root(self, key: str, pid: int) -> None:
         with self._lock:
@@ -222,17 +220,20 @@ class Watchdog:
             return (w.peak_mem, w.peak_procs) if w else (0, 0)
 
     def _loop(self) -> None:
+        hot = False
         while True:
-            time.sleep(self.interval_s)
+            # a sandbox near its limits is looked at twice as often (fork bombs grow fast)
+            time.sleep(self.interval_s / 2 if hot else self.interval_s)
             with self._lock:
                 if not self._watched:
                     self._thread = None
                     return
                 items = [(k, w, list(w.roots)) for k, w in self._watched.items() if w.roots]
-            if items:
-                self.check_once(items)
+            hot = self.check_once(items) if items else False
 
-    def check_once(self, items: list[tuple[str, _Watched, list[int]]]) -> None:
+    def check_once(self, items: list[tuple[str, _Watched, list[int]]]) -> bool:
+        """One scan; True if some sandbox is past half of a limit."""
+        hot = False
         threads: dict[int, int] = {}
         table = _ppid_table(threads)
         for _key, w, roots in items:
@@ -241,8 +242,10 @@ class Watchdog:
             # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
             tasks = sum(threads.get(p, 1) for p in pids)
             w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
-            if (tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2) and not w.demoted:
-                w.demoted = _demote(roots)
+            if tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2:
+                hot = True
+                if not w.demoted:
+                    w.demoted = _demote(roots)
             why = ""
             if tasks >= w.limits.max_procs:
                 why = f"{tasks} processes/threads >= max_procs {w.limits.max_procs}"
@@ -251,9 +254,12 @@ class Watchdog:
             if why:
                 with self._lock:  # the verdict first: the owner asks for it as soon as its shell dies
                     w.verdict = f"sandbox killed by the watchdog: {why}"
+                    w.kills += 1
+                    w.demoted = False
                 kill_tree(roots)
                 if w.on_kill:
                     w.on_kill(w.verdict)
+        return hot
 
 
 def _forget_watchdog_in_child() -> None:

@@ -27,20 +27,22 @@ Guarantees of :meth:`PtyShell.run` (never raises for anything the command does):
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
 import select
+import shutil
+import struct
+import subprocess
 import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ptyprocess  # type: ignore[import-untyped]
-
 from hpc.errors import SandboxError
 from rollout_node.sandbox import spawner
-from rollout_node.sandbox.limits import kill_tree, sandbox_preexec
+from rollout_node.sandbox.limits import kill_tree
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
 
 BASH_ARGS = ["bash", "--norc", "--noprofile", "--noediting", "-i"]
@@ -48,6 +50,7 @@ GRACE_S = 2.0          # after Ctrl-C, how long the job may take to give the pro
 SPAWN_TIMEOUT_S = 30.0
 READ_CHUNK = 1 << 20
 FLOOD_PAUSE_S = 0.005  # pause between reads once output is being truncated (back-pressure)
+SETSID = shutil.which("setsid") or "/usr/bin/setsid"  # util-linux
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,15 @@ def marker_env(nonce: str) -> dict[str, str]:
     return {"PROMPT_COMMAND": f'printf "\\036{nonce}:%s\\036" $?; PS1=; PS2=; PS0='}
 
 
-def _pty_preexec() -> None:
-    sandbox_preexec()
-    attrs = termios.tcgetattr(0)
-    attrs[1] &= ~termios.ONLCR          # oflag: keep "\n" as is
+def _open_pty(rows: int, cols: int) -> tuple[int, int]:
+    """A PTY pair with ECHO and ONLCR off and the given window size (set before the child starts)."""
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.ONLCR                    # oflag: keep "\n" as is
     attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of what the node types
-    termios.tcsetattr(0, termios.TCSANOW, attrs)
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return master, slave
 
 
 class PtyShell:
@@ -86,7 +92,8 @@ class PtyShell:
                  dimensions: tuple[int, int] = (50, 200)) -> None:
         self._launch, self.keep, self._dims = launch, keep, dimensions
         self._on_spawn, self._on_death = on_spawn, on_death
-        self.proc: ptyprocess.PtyProcess | None = None
+        self.proc: subprocess.Popen | None = None
+        self.fd = -1
         self.spawns = 0
         self._carry = b""
 
@@ -97,11 +104,20 @@ class PtyShell:
         nonce = secrets.token_hex(8)
         self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d+)\x1e")
         launch = self._launch(nonce)
+        master, slave = _open_pty(*self._dims)
+        # `setsid --ctty` makes the PTY the controlling terminal of a new session (Ctrl-C reaches the
+        # foreground job; the session is also the sandbox's scheduler autogroup). No preexec_fn, so
+        # subprocess can use vfork: a spawn costs well under a millisecond even from a big node process.
+        argv = [SETSID, "--ctty", *launch.argv]
         try:
-            self.proc = spawner.spawn(lambda: ptyprocess.PtyProcess.spawn(
-                launch.argv, env=launch.env, cwd=launch.cwd, dimensions=self._dims, preexec_fn=_pty_preexec))
+            self.proc = spawner.spawn(lambda: subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, env=launch.env, cwd=launch.cwd, close_fds=True))
         except OSError as exc:
+            os.close(master)
             raise SandboxError(f"could not start the sandbox shell ({launch.argv[0]}): {exc}") from exc
+        finally:
+            os.close(slave)
+        self.fd = master
         self.spawns += 1
         if self._on_spawn:
             self._on_spawn(self.proc.pid)
@@ -118,7 +134,7 @@ class PtyShell:
         return self.proc.pid if self.proc else None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.isalive()
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> int | None:
         """Kill the sandbox's whole process tree; returns the launcher's exit status if known."""
@@ -126,29 +142,17 @@ class PtyShell:
         if proc is None:
             return None
         kill_tree([proc.pid])
-        status = self._reap(proc)
         try:
-            proc.fileobj.close()  # closes proc.fd; closing the fd directly would let the file object
-        except OSError:           # close a reused fd number (a later shell's PTY) when collected
-            pass
-        proc.closed = True
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        os.close(self.fd)
+        self.fd = -1
         if self._on_death:
             self._on_death(proc.pid)
-        return status
-
-    @staticmethod
-    def _reap(proc: ptyprocess.PtyProcess) -> int | None:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                if not proc.isalive():
-                    break
-            except ptyprocess.PtyProcessError:
-                break
-            time.sleep(0.005)
-        if proc.exitstatus is not None:
-            return int(proc.exitstatus)
-        return 128 + int(proc.signalstatus) if proc.signalstatus is not None else None
+        if code is None:
+            return None
+        return code if code >= 0 else 128 - code
 
     # -------------------------------------------------------------- commands
     def run(self, command: str, timeout_s: float, why_dead: Callable[[], str] = lambda: "") -> ToolResult:
@@ -160,7 +164,7 @@ class PtyShell:
             note = "the shell had died; a new one was started (cwd and environment were reset)"
         assert self.proc is not None
         try:
-            os.write(self.proc.fd, b"{ " + command.encode() + b"\n}\n")
+            os.write(self.fd, b"{ " + command.encode() + b"\n}\n")
             status = self._read_until_marker(buf, t0 + timeout_s)
             return make_result(buf, status, time.monotonic() - t0, note=note)
         except TimeoutError:
@@ -171,7 +175,7 @@ class PtyShell:
     def _interrupt(self, buf: HeadTail, t0: float, note: str) -> ToolResult:
         assert self.proc is not None
         try:
-            os.write(self.proc.fd, b"\x03")
+            os.write(self.fd, b"\x03")
             status: int | None = self._read_until_marker(buf, time.monotonic() + GRACE_S)
         except (TimeoutError, ShellDied, OSError):
             self.kill()
@@ -194,7 +198,7 @@ class PtyShell:
 
     def _read_until_marker(self, buf: HeadTail, deadline: float) -> int:
         assert self.proc is not None
-        fd = self.proc.fd
+        fd = self.fd
         pending = self._carry
         self._carry = b""
         while True:

@@ -36,7 +36,7 @@ from hpc.paths import node_scratch
 from rollout_node.sandbox import spawner
 from rollout_node.sandbox.files import FileTools
 from rollout_node.sandbox.images import ImageCache, ImageLease, default_image
-from rollout_node.sandbox.limits import Limits, Watchdog, descendants, kill_tree, sandbox_preexec
+from rollout_node.sandbox.limits import Limits, Watchdog, descendants, kill_tree
 from rollout_node.sandbox.pty_shell import BASH_ARGS, PtyShell, ShellLaunch, marker_env
 from rollout_node.sandbox.pytool import SERVER_SOURCE, PyChannel
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
@@ -80,8 +80,10 @@ class Sandbox:
                           scratch=self.scratch, layer=layer_dir, tmp_bytes=self.limits.tmp_bytes, env=env)
 
     def _boot_script(self, then: str) -> str:
+        # oom_score_adj from inside (inherited by every sandbox process): no preexec_fn on the node
+        # side, so subprocess spawns with vfork instead of copying the node's page tables
         ulimits = self.limits.ulimit_script(nproc=self.runtime.isolated)
-        return f"{ulimits} || exit 125\n{then}"
+        return f"echo 1000 > /proc/self/oom_score_adj\n{ulimits} || exit 125\n{then}"
 
     def _shell_launch(self, nonce: str) -> ShellLaunch:
         self.py.setup()
@@ -161,7 +163,7 @@ class Sandbox:
             env, cwd = self.runtime.host_env(spec), self.runtime.host_cwd(spec)
             proc = spawner.spawn(lambda: subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                cwd=cwd, preexec_fn=sandbox_preexec, start_new_session=True))
+                cwd=cwd, start_new_session=True))
         except OSError as exc:
             raise SandboxError(f"could not start {argv[0]}: {exc}") from exc
         Watchdog.shared().add_root(self.key, proc.pid)

@@ -1,7 +1,7 @@
 """Noisy neighbours: four sandboxes, one runs a fork bomb + memory hog + output flood.
 
 Usage: python noisy.py RUNTIME [--rounds N]  ->  one JSON object: per quiet sandbox the median
-bash latency before/after (normal) and during the noise, how often the noisy sandbox was killed
+bash latency in quiet windows (normal) and in noisy windows, interleaved three times, how often the noisy sandbox was killed
 by the watchdog, and the node's own state. Run by test_noisy.py as root and as an unprivileged
 user. Medians over many commands make the comparison robust to other load on the machine.
 """
@@ -22,7 +22,8 @@ from rollout_node.sandbox import open_sandbox
 from rollout_node.sandbox.sandbox import Sandbox
 
 RUNTIME: Any = sys.argv[1] if len(sys.argv) > 1 else "bwrap"
-ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 40
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 12
+CYCLES = 3
 COMMAND = "ls /etc > /dev/null"
 NOISE = ("(:(){ :|:& };:) 2>/dev/null & "
          "python3 -c 'import time; b = b\"x\" * (700 << 20); time.sleep(60)' & "
@@ -55,25 +56,31 @@ def main() -> None:
     sbs = [open_sandbox(cfg, Path(tempfile.mkdtemp(prefix="noisy-"))) for _ in range(4)]
     noisy, quiet = sbs[0], sbs[1:]
     latencies(quiet, 5)  # warm up
-    before = latencies(quiet, ROUNDS)
-    stop, report = threading.Event(), {"runs": 0, "watchdog_kills": 0, "flood_bytes": 0}
-    thread = threading.Thread(target=noise_loop, args=(noisy, stop, report), daemon=True)
-    thread.start()
-    time.sleep(0.5)  # let the noise build up
-    during = latencies(quiet, ROUNDS)
-    stop.set()
-    thread.join(30)
-    after = latencies(quiet, ROUNDS)
+    normal: list[list[float]] = [[] for _ in quiet]
+    during: list[list[float]] = [[] for _ in quiet]
+    report = {"runs": 0, "watchdog_kills": 0, "flood_bytes": 0}
+    # Interleaved quiet and noisy windows: a change in the machine's other load hits both alike.
+    for _ in range(CYCLES):
+        for i, lat in enumerate(latencies(quiet, ROUNDS)):
+            normal[i] += lat
+        stop = threading.Event()
+        thread = threading.Thread(target=noise_loop, args=(noisy, stop, report), daemon=True)
+        thread.start()
+        time.sleep(0.3)  # let the noise build up
+        for i, lat in enumerate(latencies(quiet, ROUNDS)):
+            during[i] += lat
+        stop.set()
+        thread.join(30)
+        noisy.run("true", timeout_s=30)  # whatever the noise left running is killed with its sandbox
     alive = noisy.run("echo alive", timeout_s=30).output
     for sb in sbs:
         sb.close()
-    result = {
-        "runtime": RUNTIME, "command": COMMAND, "rounds": ROUNDS,
-        "normal_ms": [statistics.median(b + a) for b, a in zip(before, after, strict=True)],
-        "noisy_ms": [statistics.median(d) for d in during],
+    print(json.dumps({
+        "runtime": RUNTIME, "command": COMMAND, "rounds": ROUNDS * CYCLES,
+        "normal_ms": [statistics.median(x) for x in normal],
+        "noisy_ms": [statistics.median(x) for x in during],
         "noise": report, "noisy_sandbox_after": alive, "noise_thread_done": not thread.is_alive(),
-    }
-    print(json.dumps(result))
+    }))
 
 
 if __name__ == "__main__":
