@@ -8,6 +8,7 @@ Every :class:`~hpc.errors.SpoolrlError` becomes a one-line message and its exit 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spoolrl {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `spoolrl spool inspect X | head`: the reader left, nothing to report
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 0
 
 
