@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status
 from rollout_node.agent.policy import Completion, SamplingParams
 from rollout_node.agent.toolcall import ParseError, ToolCall
@@ -69,6 +70,14 @@ class EpisodeResult:
             "generated_tokens": sum(self.loss_mask), "servers": sorted({t.completion.server for t in self.turns}),
             **({"error": self.error} if self.error else {}),
         }
+
+    def raise_for_infrastructure(self) -> None:
+        """For callers that want infrastructure faults as exceptions (the pipeline's policy contract):
+        ``inference_error`` -> InferenceError, ``sandbox_error`` -> SandboxError; the record stays valid."""
+        if self.status == Status.INFERENCE_ERROR:
+            raise InferenceError(self.error or "inference failed")
+        if self.status == Status.SANDBOX_ERROR:
+            raise SandboxError(self.error or "sandbox failed")
 
     def trajectory_fields(self) -> dict[str, Any]:
         """Keyword arguments for :class:`hpc.trajectory.Trajectory` that the agent loop owns."""

@@ -13,6 +13,7 @@ Guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,13 +62,16 @@ def _from_result(result: Any) -> ToolOutput:
 class SandboxTools:
     """:class:`Tools` over a sandbox (``rollout_node.sandbox.open_sandbox`` or anything shaped like it)."""
 
-    def __init__(self, sandbox: SandboxLike, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, sandbox: SandboxLike, *, timeout_s: float | Callable[[], float] = 60.0) -> None:
+        """``timeout_s``: the cap of one bash/python call, or a function giving it at call time (e.g. never
+        past the episode's deadline); the agent may ask for less with a ``timeout_s`` argument."""
         self.sandbox = sandbox
         self.timeout_s = timeout_s
 
     def _timeout(self, call: ToolCall) -> float:
+        cap = self.timeout_s() if callable(self.timeout_s) else self.timeout_s
         asked = call.arguments.get("timeout_s")
-        return min(float(asked), self.timeout_s) if asked else self.timeout_s
+        return min(float(asked), cap) if asked else cap
 
     def execute(self, call: ToolCall) -> ToolOutput:
         sb, a = self.sandbox, call.arguments

@@ -151,12 +151,16 @@ def test_inference_error_is_a_status_not_an_exception(template: ChatTemplate) ->
     assert (result.status, result.stop_reason) == (Status.INFERENCE_ERROR, "inference_error")
     assert "all servers down" in result.error and len(result.turns) == 2
     assert not _traj(result).trainable
+    with pytest.raises(InferenceError, match="all servers down"):
+        result.raise_for_infrastructure()
 
 
 def test_sandbox_error_is_a_status(template: ChatTemplate) -> None:
     policy = ScriptedIds(template, [BASH])
     result = AgentLoop(template, AgentLimits()).run(MSGS, policy, RecordingTools(error=SandboxError("died")))
     assert (result.status, result.stop_reason) == (Status.SANDBOX_ERROR, "sandbox_error")
+    with pytest.raises(SandboxError, match="died"):
+        result.raise_for_infrastructure()
 
 
 def test_cancel_and_deadline(template: ChatTemplate) -> None:
