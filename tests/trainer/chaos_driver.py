@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 from hpc.trajectory import Status, Trajectory  # noqa: E402
-from tests.trainer.helpers import free_port, make_group, make_run, run_config, write_groups  # noqa: E402
+from trainer.helpers import free_port, make_group, make_run, run_config, write_groups  # noqa: E402
 
 POINTS = ("step", "checkpoint", "after_checkpoint", "publish")
 
@@ -133,7 +133,7 @@ def main() -> None:
                      algorithm={"groups_per_step": 2, "max_staleness": 3})
     make_run(root, cfg)
     rng = random.Random(seed)
-    plan = [("", rng.uniform(0.3, 5.0)) for _ in range(n_random)]
+    plan: list[tuple[str, float | None]] = [("", rng.uniform(0.3, 5.0)) for _ in range(n_random)]
     plan += [(f"{p}:{1 if p in ('checkpoint', 'after_checkpoint') else rng.choice([1, 2])}", None)
              for p in POINTS for _ in range(per_point)]
     rng.shuffle(plan)

@@ -27,7 +27,7 @@ def test_every_trajectory_accounted_once_under_chaos(tmp_path: Path) -> None:
     driver = Path(__file__).with_name("chaos_driver.py")
     proc = subprocess.run([sys.executable, str(driver), str(tmp_path / "run"), str(RANDOM_KILLS), str(PER_POINT), "0"],
                           capture_output=True, text=True, timeout=850, check=False,
-                          env=dict(os.environ, OMP_NUM_THREADS="2", SPOOLRL_FAULT=""))
+                          env=dict(os.environ, OMP_NUM_THREADS="1", SPOOLRL_FAULT=""))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     result = json.loads(lines[0][len("RESULT "):])

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.timeout(600)]
 
 
 def train_node(run: Path, nproc: int, *overrides: str, fault: str = "") -> int:
-    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", SPOOLRL_FAULT=fault,
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPOOLRL_FAULT=fault,
                MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
