@@ -10,10 +10,8 @@ from rollout_node.agent import ChatTemplate, Completion, SamplingParams, ToolCal
 
 
 def build_tiny(path: Path, seed: int = 0) -> Path:
-    try:
-        from train_node.infer.tiny_model import build_tiny_model
-    except ImportError:  # the module's planned name
-        from train_node.infer.tiny import build_tiny_model  # type: ignore[no-redef]
+    from train_node.infer.tiny import build_tiny_model
+
     return Path(build_tiny_model(path, seed=seed))
 
 
