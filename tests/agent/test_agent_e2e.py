@@ -63,7 +63,7 @@ def spawn_serve(model_dir: Path, tmp: Path, name: str, *, uds: bool) -> tuple[su
     ready = tmp / f"{name}.ready.json"
     (tmp / "secret").write_text(SECRET + "\n")
     where = ["--uds", str(tmp / f"{name}.sock")] if uds else ["--port", "0"]
-    cmd = [str(Path(sys.executable).parent / "spoolrl"), "serve", "--model", str(model_dir), *where,
+    cmd = [sys.executable, "-m", "hpc.cli", "serve", "--model", str(model_dir), *where,
            "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready),
            "--secret-file", str(tmp / "secret")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{name}.log", "wb"))
