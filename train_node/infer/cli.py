@@ -32,6 +32,7 @@ def _register_serve(sub: Any) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--max-batch", type=int, default=32, help="most sequences decoded together")
+    p.add_argument("--max-model-len", type=int, default=0, help="context limit (0 = max_position_embeddings)")
     p.add_argument("--secret-file", metavar="FILE", help="bearer secret for /reload (else $SPOOLRL_SECRET)")
     p.add_argument("--require-auth-all", action="store_true", help="require the secret on every route but /health")
     p.add_argument("--ready-file", metavar="FILE", help="written (JSON: url, pid) once the model is loaded")
@@ -66,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     return run_serve(ServeArgs(
         model=args.model, port=args.port, host=args.host, uds=args.uds, version=args.version,
         served_model_name=args.served_model_name, dtype=args.dtype, threads=args.threads,
-        max_batch=args.max_batch, secret_file=args.secret_file, require_auth_all=args.require_auth_all,
+        max_batch=args.max_batch, max_model_len=args.max_model_len, secret_file=args.secret_file, require_auth_all=args.require_auth_all,
         ready_file=args.ready_file))
 
 

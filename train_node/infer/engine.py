@@ -252,9 +252,14 @@ class Engine:
             return
         self._loaded = staged[0]
         rows, self._batch = self._batch.rows, _Batch()
-        if rows:  # recompute every running sequence's KV with the new weights
-            self._batch.merge(self._prefill(rows), self._loaded.model.config)
-        staged[1].set()
+        try:
+            if rows:  # recompute every running sequence's KV with the new weights
+                self._batch.merge(self._prefill(rows), self._loaded.model.config)
+        except Exception:
+            self._batch.rows = rows  # so that _fail_all reports them
+            raise
+        finally:
+            staged[1].set()  # the new weights serve either way
 
     def _admit(self) -> None:
         new: list[Sequence] = []

@@ -73,6 +73,7 @@ class Slot:
     bad_checks: int = 0
     restart_at: float = 0.0
     push_after: float = 0.0
+    pushing: bool = False
 
 
 def interface_address(name: str) -> str:
@@ -138,6 +139,7 @@ class InferNode:
         self.transport = transport or DiskReload()
         self.metrics = MetricsWriter(paths.root, process_name)
         self.stop = threading.Event()
+        self._write_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
 
     def current_policy(self) -> PolicyRef:
@@ -193,9 +195,10 @@ class InferNode:
                 self._down(slot, f"not healthy after {inf.server_start_timeout_s:g} s")
 
     def _down(self, slot: Slot, reason: str) -> None:
-        slot.endpoint.unlink(missing_ok=True)
+        with self._write_lock:
+            slot.up = False
+            slot.endpoint.unlink(missing_ok=True)
         slot.server.stop()
-        slot.up = False
         slot.restarts += 1
         self.metrics.log("server_down", index=slot.index, reason=reason, restarts=slot.restarts)
         if slot.restarts > self.cfg.inference.max_restarts:
@@ -217,6 +220,12 @@ class InferNode:
                     self._down(slot, f"{UNHEALTHY_CHECKS} failed health checks")
 
     def _advertise(self, slot: Slot) -> None:
+        with self._write_lock:  # the heartbeat and a finished push may write the same file
+            self._write_endpoint(slot)
+
+    def _write_endpoint(self, slot: Slot) -> None:
+        if not slot.up:
+            return  # a push that finished after the server went down must not resurrect its file
         atomic_write_json(slot.endpoint, {
             "url": slot.server.url, "version": slot.version, "heartbeat": slot.heartbeat, "role": "infer",
             "engine": slot.server.engine, "host": self.host, "index": slot.index, "pid": os.getpid(),
@@ -230,9 +239,10 @@ class InferNode:
         if ref is None:
             return
         now = time.monotonic()
-        due = [s for s in self.slots if s.up and s.version < ref.version and now >= s.push_after]
-        for fut in [self._pool.submit(self._push, s, ref) for s in due]:
-            fut.result()
+        for slot in self.slots:
+            if slot.up and not slot.pushing and slot.version < ref.version and now >= slot.push_after:
+                slot.pushing = True  # pushes run in the background: heartbeats must go on meanwhile
+                self._pool.submit(self._push, slot, ref)
 
     def _push(self, slot: Slot, ref: PolicyRef) -> None:
         t0 = time.monotonic()
@@ -242,13 +252,17 @@ class InferNode:
             slot.push_after = time.monotonic() + 5 * self.cfg.inference.policy_poll_s
             self.metrics.log("reload_failed", index=slot.index, version=ref.version, error=str(exc)[:500])
             return
+        finally:
+            slot.pushing = False
         slot.version = ref.version
         self._advertise(slot)
         self.metrics.log("reload", index=slot.index, version=ref.version, seconds=round(time.monotonic() - t0, 3))
 
     def shutdown(self) -> None:
-        for slot in self.slots:
-            slot.endpoint.unlink(missing_ok=True)
+        with self._write_lock:
+            for slot in self.slots:
+                slot.up = False
+                slot.endpoint.unlink(missing_ok=True)
         for slot in self.slots:
             slot.server.stop()
         self._pool.shutdown(wait=False)

@@ -126,7 +126,11 @@ class VllmProxy:
         with self._lock:
             previous, previous_path = self.version, self.path
             up, t = self.upstream, self.request_timeout_s
-            up.json("POST", "/pause?mode=wait", timeout=t)
+            try:
+                up.json("POST", "/pause?mode=wait", timeout=t)
+            except Exception:
+                self._resume_quietly()  # a pause that completes after our timeout must not stick
+                raise
             try:
                 self._load(path)
             except Exception as exc:
@@ -136,6 +140,12 @@ class VllmProxy:
             self.version, self.path = version, path
             up.json("POST", "/resume")
             return {"version": version, "previous_version": previous, "path": path}
+
+    def _resume_quietly(self) -> None:
+        try:
+            self.upstream.json("POST", "/resume")
+        except Exception:
+            pass  # the health check will notice a server that stays unusable
 
     def _load(self, path: str) -> None:
         self.upstream.json("POST", "/collective_rpc", {"method": "reload_weights",

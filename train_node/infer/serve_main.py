@@ -32,6 +32,7 @@ class ServeArgs:
     dtype: str = "float32"
     threads: int = 0
     max_batch: int = 32
+    max_model_len: int = 0
     secret_file: str | None = None
     require_auth_all: bool = False
     ready_file: str | None = None
@@ -45,7 +46,8 @@ def run_serve(args: ServeArgs) -> int:
 
         torch.set_num_threads(args.threads)
     options = ServeOptions(served_model_name=args.served_model_name, dtype=args.dtype, max_batch=args.max_batch,
-                           secret=read_secret(args.secret_file), require_auth_all=args.require_auth_all)
+                           max_model_len=args.max_model_len or None, secret=read_secret(args.secret_file),
+                           require_auth_all=args.require_auth_all)
     app = App(options)
     server = make_server(make_handler(app), host=args.host, port=args.port, uds=args.uds)
     stop = threading.Event()

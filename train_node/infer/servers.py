@@ -132,7 +132,7 @@ class CpuServer:
                "--port", str(s.port), "--version", str(version), "--served-model-name", SERVED_MODEL_NAME,
                "--dtype", "float32" if s.dtype == "auto" else s.dtype, "--threads", str(s.threads),
                "--max-batch", str(s.max_batch), "--secret-file", str(s.secret_file),
-               "--ready-file", str(self._dir / "ready.json")]
+               "--ready-file", str(self._dir / "ready.json"), "--max-model-len", str(s.max_model_len)]
         if s.require_auth_all:
             cmd.append("--require-auth-all")
         self._local_url = None
