@@ -265,7 +265,8 @@ class Trainer:
             staleness_hist=dict(sorted(collections.Counter(batch.staleness).items())),
             drops=dict(self.consumer.drops), wait_s=waited,
             idle_fraction=self.counters.idle_s / max(wall, 1e-9), policy_version=self.publisher.version,
-            publish=vars(published) if published is not None else None,
+            published=published.version if published is not None else None,
+            publish_done=vars(self.publisher.completed) if self.publisher.completed is not None else None,
         )
 
     # ================================================================== checkpoint

@@ -112,6 +112,7 @@ class Publisher:
     _thread: threading.Thread | None = field(init=False, default=None)
     _error: BaseException | None = field(init=False, default=None)
     last: PublishStats | None = field(init=False, default=None)
+    completed: PublishStats | None = field(init=False, default=None)  # the newest finished write
 
     def __post_init__(self) -> None:
         self.paths.policy.mkdir(parents=True, exist_ok=True)
@@ -145,6 +146,7 @@ class Publisher:
         except BaseException as exc:  # surfaced on the main thread by wait()
             self._error = exc
         stats.write_s = time.perf_counter() - t0
+        self.completed = stats
 
     def _retain(self, current: int) -> None:
         for v in published_versions(self.paths):
