@@ -57,6 +57,12 @@ class Transcript:
             low = min(int(v) for v in versions)
             self._min_version = low if self._min_version is None else min(self._min_version, low)
 
+    def note_versions(self, versions: Sequence[int]) -> None:
+        """Versions of tokens generated elsewhere (the agent loop keeps its own lists until the end)."""
+        if versions:
+            low = min(int(v) for v in versions)
+            self._min_version = low if self._min_version is None else min(self._min_version, low)
+
     def min_version(self) -> int | None:
         """The oldest policy version among the generated tokens (what staleness is measured on)."""
         return self._min_version

@@ -1,0 +1,119 @@
+"""The rollout node with the LLM agent (``rollout.policy: llm``): a real ``spoolrl serve`` CPU engine
+with a tiny random model announced in RUN/endpoints, real sandboxes and the real EVAL harness.
+
+A random model writes no useful tool call, so rewards are 0; what is checked is the plumbing:
+token records come from the server (versions from its spans), groups are written, and with no
+server the inference-error row of the fault table holds on the real client.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc.config import load_config
+from hpc.paths import RunPaths
+from hpc.rundir import create_run
+from hpc.spool import Spool
+from hpc.trajectory import Status
+from rollout_node.pipeline.bindings import RealTaskOps
+from rollout_node.pipeline.llm import LLMPolicy
+from rollout_node.pipeline.node import NodeOptions, RolloutNode
+from rollout_node.pipeline.sizing import Workers
+from rollout_node.sandbox import default_image
+
+pytestmark = pytest.mark.sandbox
+VERSION = 3
+CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "spool.poll_interval_s=0.1",
+          "spool.heartbeat_interval_s=1", "spool.shard_max_age_s=1", "rollout.policy=llm", "rollout.max_turns=3",
+          "rollout.max_new_tokens_per_turn=12", "rollout.max_retries=1", "rollout.metrics_interval_s=1",
+          "algorithm.group_size=2", "inference.max_retries=0"]
+IDS = ["spoolrl__intervals-1", "spoolrl__textkit-1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("bwrap") is None or not Path(default_image()).is_dir():
+        pytest.skip("component unavailable: bwrap or the test image (scripts/build_image.sh)")
+    from train_node.infer.tiny import build_tiny_model
+
+    return Path(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
+
+
+def make_run(tmp_path: Path, model: Path) -> tuple[RunPaths, Any]:
+    cfg = load_config(None, [*CONFIG, f"model.path={model}", f"sandbox.scratch_dir={tmp_path / 'scratch'}"])
+    paths = create_run(tmp_path / "run", cfg)
+    Spool(paths.root, cfg.spool).put_tasks([{"task_id": i, "instance_id": i, "group_size": 2} for i in IDS])
+    return paths, cfg
+
+
+def run_node(paths: RunPaths, cfg: Any, tmp_path: Path) -> dict[str, Any]:
+    policy = LLMPolicy(paths, cfg)
+    node = RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), RealTaskOps(paths, cfg), policy,
+                       NodeOptions(node_id="n0", workers=Workers(1, 4, 1), scratch=tmp_path / "node", once=True))
+    try:
+        return node.run()
+    finally:
+        policy.close()
+
+
+def written(paths: RunPaths, cfg: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for shard in Spool(paths.root, cfg.spool).claim_shards("reader", 1000):
+        for t in shard.trajectories():
+            out.setdefault(t.task_id, []).append(t)
+    return out
+
+
+def serve(model: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ready = tmp_path / "ready.json"
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "serve", "--model", str(model), "--port", "0",
+                             "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"spoolrl serve did not start: {(tmp_path / 'serve.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    return proc, str(json.loads(ready.read_text())["url"])
+
+
+def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> None:
+    paths, cfg = make_run(tmp_path, tiny_model)
+    proc, url = serve(tiny_model, tmp_path)
+    try:
+        (paths.endpoints / "infer-test.json").write_text(json.dumps(
+            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        run_node(paths, cfg, tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    groups = written(paths, cfg)
+    assert sorted(groups) == sorted(IDS)
+    for trajs in groups.values():
+        assert sorted(t.sample_index for t in trajs) == [0, 1]
+        for t in trajs:
+            assert t.status in (Status.OK, Status.TRUNCATED) and t.reward == 0.0, (t.status, t.metrics)
+            gen = t.loss_mask == 1
+            assert gen.sum() > 0 and (t.policy_versions[gen] == VERSION).all()
+            assert t.prompt_len > 0 and t.metrics["servers"] == [url]
+    seeds = [t.sampling["seed"] for trajs in groups.values() for t in trajs]
+    assert len(set(map(str, seeds))) == len(seeds)
+
+
+def test_no_inference_server_is_an_excluded_inference_error(tmp_path: Path, tiny_model: Path) -> None:
+    paths, cfg = make_run(tmp_path, tiny_model)
+    run_node(paths, cfg, tmp_path)
+    trajs = [t for ts in written(paths, cfg).values() for t in ts]
+    assert len(trajs) == 4
+    assert {(t.status, t.reward, t.metrics["sample_attempt"]) for t in trajs} == {(Status.INFERENCE_ERROR, None, 1)}
+    assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
