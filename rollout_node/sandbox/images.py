@@ -65,20 +65,29 @@ class ImageCache:
             raise SandboxError(f"image {image!r}: expected a directory or one of {', '.join(ARCHIVE_SUFFIXES)}")
         self.root.mkdir(parents=True, exist_ok=True)
         entry = self.root / self._key(src)
-        fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # one extractor per entry; others wait, then share
-        try:
-            extracted = not (entry / ".staged").exists()
-            if extracted:
-                self._extract(src, entry)
-            os.utime(f"{entry}.lock")  # LRU clock: last use
-            fcntl.flock(fd, fcntl.LOCK_SH)  # downgrade: in use, not evictable
-        except BaseException:
+        for _ in range(5):  # an evictor may remove the entry between staging and taking the lease
+            extracted = self._ensure_staged(src, entry)
+            fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # in use: not evictable (evict takes LOCK_EX | LOCK_NB)
+            if (entry / ".staged").exists():
+                os.utime(f"{entry}.lock")  # LRU clock: last use
+                if extracted:
+                    self.evict(keep=entry)
+                return ImageLease(entry, fd)
             os.close(fd)
-            raise
-        if extracted:
-            self.evict(keep=entry)
-        return ImageLease(entry, fd)
+        raise SandboxError(f"image {image}: staged copy keeps being evicted; raise sandbox.image_cache_gb")
+
+    def _ensure_staged(self, src: Path, entry: Path) -> bool:
+        """Extract ``src`` into ``entry`` unless done; one extractor per entry (others wait). True if extracted."""
+        fd = os.open(f"{entry}.staging", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if (entry / ".staged").exists():
+                return False
+            self._extract(src, entry)
+            return True
+        finally:
+            os.close(fd)
 
     def _key(self, src: Path) -> str:
         st = src.stat()

@@ -1,0 +1,144 @@
+"""Pure and near-pure parts: result buffers, limits, runtime argv (golden), the image cache,
+process-tree killing and the node-side file tools' path safety. No sandbox needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.config.sandbox import SandboxConfig
+from rollout_node.sandbox import default_image
+from rollout_node.sandbox.files import FileTools
+from rollout_node.sandbox.images import ImageCache
+from rollout_node.sandbox.limits import Limits, descendants, kill_tree
+from rollout_node.sandbox.result import HeadTail, make_result
+from rollout_node.sandbox.runtimes import ApptainerRuntime, BwrapRuntime, LaunchSpec
+
+SPEC = LaunchSpec(workdir=Path("/scratch/ep 1"), image=Path("/img/root"), scratch=Path("/scratch/s"),
+                  layer=None, tmp_bytes=1024, env={"SPOOLRL_SANDBOX": "k"})
+
+
+def test_head_tail_keeps_both_ends_and_counts() -> None:
+    buf = HeadTail(4)
+    for chunk in (b"abc", b"defgh", b"ijklmnop", b"qr"):
+        buf.add(chunk)
+    assert buf.total == 18 and buf.truncated
+    r = make_result(buf, 0, 0.1)
+    assert r.output.startswith("abcd") and r.output.endswith("opqr") and "10 bytes truncated" in r.output
+    small = HeadTail(8)
+    small.add(b"12345678")
+    assert not small.truncated and small.text() == "12345678"
+
+
+def test_ulimit_script_soft_equals_hard() -> None:
+    lim = Limits.from_config(SandboxConfig(mem_gb=1.0, cpu_time_s=10, max_procs=32, max_file_mb=2))
+    assert lim.ulimit_script(nproc=True) == "ulimit -t 10 && ulimit -v 1048576 && ulimit -f 4096 && ulimit -u 40"
+    assert "-u" not in lim.ulimit_script(nproc=False)
+
+
+def test_bwrap_argv_golden() -> None:
+    argv = BwrapRuntime(binary="/usr/bin/bwrap").argv(SPEC, ["bash", "-i"])
+    assert argv == [
+        "/usr/bin/bwrap", "--ro-bind", "/img/root", "/", "--dev", "/dev", "--proc", "/proc",
+        "--size", "1024", "--tmpfs", "/tmp", "--size", "1024", "--tmpfs", "/var/tmp", "--size", "1024", "--tmpfs", "/run",
+        "--bind", "/scratch/ep 1", "/work", "--unshare-all", "--unshare-user", "--disable-userns",
+        "--die-with-parent", "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv",
+        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "--setenv", "HOME", "/work",
+        "--setenv", "TERM", "dumb", "--setenv", "LANG", "C.UTF-8", "--setenv", "HISTFILE", "/dev/null",
+        "--setenv", "SPOOLRL_SANDBOX", "k", "--chdir", "/work", "--", "bash", "-i"]
+
+
+def test_apptainer_argv_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    spec = LaunchSpec(workdir=Path("/w"), image=Path("/img"), scratch=tmp_path, layer=tmp_path / "layer",
+                      env={"SPOOLRL_SANDBOX": "k"})
+    rt = ApptainerRuntime(binary="/opt/apptainer")
+    assert rt.argv(spec, ["true"]) == [
+        "/opt/apptainer", "--silent", "exec", "--containall", "--cleanenv", "--net", "--network", "none",
+        "--uts", "--hostname", "sandbox", "--no-mount", "home,cwd",
+        "--overlay", str(tmp_path / "layer/overlay"), "--workdir", str(tmp_path / "layer/work"),
+        "--bind", "/w:/work", "--pwd", "/work", "/img", "true"]
+    env = rt.host_env(spec)
+    assert env["APPTAINER_CACHEDIR"].startswith(str(tmp_path)) and env["APPTAINER_TMPDIR"].startswith(str(tmp_path))
+    assert env["APPTAINERENV_SPOOLRL_SANDBOX"] == "k" and "HF_TOKEN" not in env
+
+
+def test_default_image_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOOLRL_IMAGE", "/x/y")
+    assert default_image() == "/x/y"
+    monkeypatch.delenv("SPOOLRL_IMAGE")
+    monkeypatch.setenv("SPOOLRL_CACHE", "/c")
+    assert default_image() == "/c/images/bookworm-test"
+
+
+def _tarball(path: Path, payload: int) -> Path:
+    src = path.parent / (path.name + ".src")
+    (src / "usr/bin").mkdir(parents=True)
+    (src / "usr/bin/tool").write_bytes(os.urandom(payload))
+    with tarfile.open(path, "w") as tar:
+        tar.add(src, arcname=".")
+    return path
+
+
+def test_image_cache_stages_once_concurrently(tmp_path: Path) -> None:
+    tar = _tarball(tmp_path / "img.tar", 1000)
+    cache = ImageCache(tmp_path / "cache", budget_bytes=10**9)
+    leases = []
+    threads = [threading.Thread(target=lambda: leases.append(cache.stage(str(tar)))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({lease.path for lease in leases}) == 1
+    root = leases[0].path
+    assert (root / "usr/bin/tool").stat().st_size == 1000 and (root / "work").is_dir()
+    assert len(cache.entries()) == 1 and not list((tmp_path / "cache").glob("*.tmp*"))
+    for lease in leases:
+        lease.release()
+
+
+def test_image_cache_evicts_lru_but_not_held(tmp_path: Path) -> None:
+    cache = ImageCache(tmp_path / "cache", budget_bytes=150_000)
+    a = cache.stage(str(_tarball(tmp_path / "a.tar", 60_000)))
+    time.sleep(0.01)
+    b = cache.stage(str(_tarball(tmp_path / "b.tar", 60_000)))
+    b.release()
+    time.sleep(0.01)
+    c = cache.stage(str(_tarball(tmp_path / "c.tar", 60_000)))  # over budget: b (LRU, unheld) goes
+    names = {p.name.split("-")[0] for _, _, p in cache.entries()}
+    assert names == {"a", "c"}, names  # a is older than b but held by a running sandbox
+    a.release()
+    c.release()
+
+
+def test_kill_tree_kills_descendants_including_new_sessions() -> None:
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & setsid sleep 301 & sleep 302"])
+    time.sleep(0.3)
+    assert len(descendants([proc.pid])) >= 4
+    kill_tree([proc.pid])
+    proc.wait(5)
+    assert descendants([proc.pid]) == []
+
+
+def test_file_tools_refuse_escapes(tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("TOPSECRET")
+    (work / "link").symlink_to(outside / "secret")
+    (work / "inner").symlink_to("sub/file")  # a symlink that stays inside is followed
+    (work / "sub").mkdir()
+    (work / "sub/file").write_text("inside\n")
+    (work / "up").symlink_to("..")
+    tools = FileTools(work, "/work", keep=4096, max_file_bytes=10**6)
+    assert tools.view("inner").output == "     1\tinside\n     2\t\n"
+    for r in (tools.view("link"), tools.view("up/outside/secret"), tools.view("/work/../outside/secret"),
+              tools.create("up/new", "x"), tools.str_replace("link", "TOP", "x")):
+        assert r.exit_code == 1 and "TOPSECRET" not in r.output, r
+    assert (outside / "secret").read_text() == "TOPSECRET" and not (tmp_path / "new").exists()
