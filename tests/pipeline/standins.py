@@ -85,6 +85,7 @@ class FakeOps:
     open_sandboxes: int = 0
     max_open: int = 0
     evaluated: list[str] = field(default_factory=list)
+    prepared: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def parse(self, task: Mapping[str, Any]) -> FakeTask:
@@ -96,6 +97,8 @@ class FakeOps:
         return str(task.image)
 
     def prepare(self, task: Any, workdir: Path) -> None:
+        with self.lock:
+            self.prepared.append(task.instance_id)
         if task.instance_id in self.fail_prepare:
             raise OSError("injected: repository checkout failed")
         workdir.mkdir(parents=True)

@@ -175,3 +175,56 @@ def test_max_episodes_exits_after_whole_groups(tmp_path: Path) -> None:
     summary = node(paths, cfg, FakeOps(), tmp_path, once=False, max_episodes=4).run()
     assert summary["groups_written"] == 2 and summary["episodes"] == 4
     assert spool.stats()["tasks_done"] == 2 and spool.stats()["tasks_claimed"] == 0
+
+
+def test_claims_prefer_tasks_whose_image_is_cached(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.claim_lookahead=8", "rollout.queue_size=1")
+    # The spool hands out ready tasks in random order: without the preference "warm" would come
+    # first only 1 time in 8.
+    Spool(paths.root, cfg.spool).put_tasks([{"task_id": f"cold{i}", "image": "cold"} for i in range(7)]
+                                           + [{"task_id": "warm", "image": "warm"}])
+    ops = FakeOps(cached={"warm"})
+    node(paths, cfg, ops, tmp_path).run()
+    assert ops.prepared[0] == "warm", ops.prepared
+    assert len(ops.prepared) == 16
+
+
+class ShortJob:
+    """A job clock that says the Slurm time limit is 10 s away."""
+
+    def remaining_s(self) -> float:
+        return 10.0
+
+
+def test_no_claims_when_the_job_ends_before_an_episode_could(tmp_path: Path) -> None:
+    paths, cfg = make_run(tmp_path, "rollout.time_limit_margin_s=30")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(2))
+    n = node(paths, cfg, FakeOps(), tmp_path, once=False, job_clock=ShortJob())
+    threading.Timer(1.5, lambda: n.request_drain("test")).start()
+    summary = n.run()
+    assert summary["not_claiming"] == "time_limit"
+    assert spool.stats()["tasks_ready"] == 2 and summary["claimed_samples"] == 0
+
+
+def test_worker_counts_default_from_the_node_and_config_wins(tmp_path: Path) -> None:
+    from rollout_node.pipeline.sizing import default_workers
+
+    cfg = load_config(None, BASE)
+    auto = default_workers(cfg.rollout, cfg.sandbox, tmp_path)
+    assert auto.init >= 1 and auto.run >= 1 and auto.eval >= 1
+    tight = load_config(None, [*BASE, "rollout.scratch_per_episode_gb=1000000"])
+    capped = default_workers(tight.rollout, tight.sandbox, tmp_path)
+    assert (capped.init, capped.run, capped.eval) == (1, 1, 1), "free scratch caps every stage"
+    fixed = load_config(None, [*BASE, "rollout.init_workers=3", "rollout.run_workers=17", "rollout.eval_workers=5"])
+    assert default_workers(fixed.rollout, fixed.sandbox, tmp_path) == Workers(3, 17, 5)
+
+
+def test_sampling_seeds_are_a_function_of_run_task_sample_attempt() -> None:
+    from rollout_node.pipeline.seeds import episode_seed
+
+    seed = episode_seed(7, "task-a", 1, 0)
+    assert seed == episode_seed(7, "task-a", 1, 0)
+    others = {episode_seed(8, "task-a", 1, 0), episode_seed(7, "task-b", 1, 0), episode_seed(7, "task-a", 2, 0),
+              episode_seed(7, "task-a", 1, 1)}
+    assert seed not in others and len(others) == 4
