@@ -23,13 +23,12 @@ Guarantees:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,14 +175,16 @@ def universal_dir(paths: RunPaths, tag: str) -> Path:
         return out
     tmp = tmp_name(out)
     tmp.mkdir(parents=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ck / "ds" / DS_TAG),
-         "--output_folder", str(tmp / DS_TAG), "--num_extract_workers", "1", "--num_merge_workers", "1"],
-        capture_output=True, text=True, check=False,
-    )
-    if proc.returncode != 0:
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    args = argparse.Namespace(input_folder=str(ck / "ds" / DS_TAG), output_folder=str(tmp / DS_TAG),
+                              num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=False)
+    try:
+        ds_to_universal(args)  # one worker: in this process, no pool
+    except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"ds_to_universal failed for {ck}: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"ds_to_universal failed for {ck}: {exc}") from exc
     tmp.rename(out)
     return out
 
