@@ -402,6 +402,9 @@ class RolloutNode:
             self.live.discard(ep)
 
     def _fault(self, ep: Episode, fault: Fault, error: str) -> None:
+        if ep.group.closed:  # released or cancelled as a whole: already accounted for there
+            self._discard(ep)
+            return
         self.metrics.failure(fault.value)
         outcome = OUTCOMES[fault]
         ep.metrics["error"] = error
