@@ -38,6 +38,7 @@ from hpc.errors import InferenceError, RunDirError, UsageError
 from hpc.fsutil import atomic_write_json
 from hpc.metrics import MetricsWriter
 from hpc.paths import RunPaths
+from hpc.slurm_env import SlurmEnv
 from train_node.infer.servers import SERVED_MODEL_NAME, CpuServer, ServerSpec, VllmServer
 from train_node.infer.weights import DiskReload, PolicyRef, RunDirPolicySource, WeightTransport
 
@@ -280,7 +281,7 @@ def run_infer_node(run_dir: str, node_index: int | None = None) -> int:
     if not paths.secret.exists():
         raise RunDirError(f"{paths.secret} is missing; 'spoolrl init' creates the run secret")
     host = socket.gethostname().split(".")[0]
-    index = node_index if node_index is not None else int(os.environ.get("SLURM_NODEID", "0") or 0)
+    index = node_index if node_index is not None else SlurmEnv().node_index
     specs = build_specs(cfg, paths, host, index)
     node = InferNode(paths, cfg, make_servers(specs, cfg.inference.engine), host=host,
                      process_name=f"infer-{host}-{index}")
