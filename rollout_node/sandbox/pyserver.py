@@ -141,8 +141,13 @@ def main(argv: list) -> int:
     os.setsid()  # out of the shell's session: Ctrl-C and terminal hangups never reach the kernel
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
+    if path.startswith("tcp:"):  # only for scripts/bench_tools.py's UDS-vs-TCP comparison
+        host, port = path[4:].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
     send_frame(sock, {"token": token, "pid": os.getpid()})
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     while True:

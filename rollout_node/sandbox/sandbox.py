@@ -304,7 +304,14 @@ def user_scratch(cfg: SandboxConfig) -> Path:
     return path
 
 
+_warned_local = False
+
+
 def warn_local() -> None:
+    global _warned_local
+    if _warned_local:
+        return
+    _warned_local = True
     print("\n" + "!" * 78 + "\n!! spoolrl sandbox runtime 'local': NO ISOLATION. Agent commands run as "
           f"{os.environ.get('USER', 'this user')}\n!! with full access to this machine's files, network "
           "and processes.\n" + "!" * 78, file=sys.stderr)
