@@ -281,7 +281,7 @@ def run_infer_node(run_dir: str, node_index: int | None = None) -> int:
     if not paths.secret.exists():
         raise RunDirError(f"{paths.secret} is missing; 'spoolrl init' creates the run secret")
     host = socket.gethostname().split(".")[0]
-    index = node_index if node_index is not None else SlurmEnv().node_index
+    index = node_index if node_index is not None else SlurmEnv.from_environ().node_index
     specs = build_specs(cfg, paths, host, index)
     node = InferNode(paths, cfg, make_servers(specs, cfg.inference.engine), host=host,
                      process_name=f"infer-{host}-{index}")
