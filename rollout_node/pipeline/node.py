@@ -425,6 +425,7 @@ class RolloutNode:
         traj = ep.trajectory(status, reward)
         self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": ep.attempt,
                               "status": traj.status.value, "reward": traj.reward, "timings": traj.timings,
+                              "tokens": traj.num_tokens, "generated_tokens": traj.num_generated,
                               "error": ep.metrics.get("error", "")})
         with self.lock:
             self.live.discard(ep)
