@@ -122,7 +122,7 @@ def _config_dict(python: Path, torch_extensions: Path, scratch: Path) -> dict[st
         "trainer": {"precision": "fp32", "zero_stage": 0, "lr": 1e-4, "total_steps": TOTAL_STEPS,
                     "checkpoint_every": CHECKPOINT_EVERY, "micro_batch_tokens": 4096, "max_tasks_outstanding": 4},
         "algorithm": {"group_size": 2, "groups_per_step": 1, "drop_zero_variance": False},
-        "rollout": {"policy": "scripted", "scripted_plan": "gold", "max_turns": 3, "max_new_tokens_per_turn": 32,
+        "rollout": {"policy": "llm", "max_turns": 3, "max_new_tokens_per_turn": 32,
                     "max_tokens": 1536, "run_workers": 2, "eval_workers": 1, "init_workers": 1,
                     "drain_timeout_s": 3.0},
         "inference": {"interface": "lo"},
@@ -223,6 +223,34 @@ def _finished_jobs_failed(status: dict[str, Any]) -> list[str]:
 def _job_done(status: dict[str, Any], job_id: str) -> bool:
     states = [j["state"] for j in status["jobs"] if j["job_id"] == job_id]
     return bool(states) and states[0].split()[0] not in ACTIVE + ("UNKNOWN",)
+
+
+def _watch_latest(run: Path, log: StatusLog, timeout_s: float) -> None:
+    """Return as soon as checkpoints/LATEST exists (a cheap stat), taking a status snapshot every ~3 s."""
+    latest = run / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + timeout_s
+    next_poll = 0.0
+    while not latest.exists():
+        if time.monotonic() > next_poll:
+            status = log.poll()
+            if _finished_jobs_failed(status) or (status["jobs"] and _job_done(status, status["jobs"][0]["job_id"])):
+                pytest.fail(f"the job ended before its first checkpoint:\n{_batch_logs(run)}")
+            next_poll = time.monotonic() + 3
+        if time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint after {timeout_s}s:\n{_batch_logs(run)}")
+        time.sleep(0.2)
+
+
+def _check_roles_stopped_cleanly(run: Path, since: float) -> None:
+    """scancel = SIGTERM to every step, SIGKILL KillWait later: the inference node stops its servers,
+    the rollout node drains; the trainer, if it got to stop before the SIGKILL, checkpointed and
+    asked for a requeue (exit 75)."""
+    assert [r for r in _metrics(run, "node_stop") if r["t"] >= since and r["process"].startswith("infer-")], \
+        f"the inference node did not stop on SIGTERM:\n{_batch_logs(run)}"
+    assert [r for r in _metrics(run, "node") if r["t"] >= since and r.get("draining") == "SIGTERM"], \
+        f"the rollout node did not drain on SIGTERM:\n{_batch_logs(run)}"
+    for stop in (r for r in _metrics(run, "trainer_stop") if r["t"] >= since):
+        assert stop["reason"] == "signal:SIGTERM" and stop["exit_code"] == 75, stop
 
 
 def _wait_gone(job_id: str, timeout_s: float = 60) -> None:
@@ -389,17 +417,19 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     log = StatusLog(ci_python, run)
 
     # --- first job: runs until the trainer has checkpointed, then is cancelled
-    log.wait("the first checkpoint", lambda s: bool(s["trainer"]["checkpoint"]) and _step(s) >= CHECKPOINT_EVERY,
-             timeout_s=480, every_s=1)
-    running = log.snapshots[-1]
-    groups = _job(running, job1)["groups"]
-    assert [g["role"] for g in groups] == ["train", "infer", "rollout"]
-    assert all(g["state"] == "RUNNING" for g in groups), groups
-    assert running["endpoints"] and all(e["role"] == "infer" and e["url"].startswith("http://127.0.0.1:")
-                                        for e in running["endpoints"])
+    log.wait("the job to run", lambda s: bool(s["jobs"]) and _job(s, job1)["state"] == "RUNNING", timeout_s=120,
+             every_s=1)
     gres = squeue_gres(job1)
     (e2e_root / "launched-gres.json").write_text(json.dumps(gres))
+    _watch_latest(run, log, timeout_s=480)  # cancel as soon as the first checkpoint exists: steps are quick
+    cancelled_at = time.time()
     assert _spoolrl(ci_python, "cancel", str(run)).startswith("cancelled: ")
+    before_cancel = list(log.snapshots)
+    groups = _job(before_cancel[-1], job1)["groups"]
+    assert [g["role"] for g in groups] == ["train", "infer", "rollout"]
+    assert all(g["state"] == "RUNNING" for g in groups), groups
+    endpoints = [e for s in before_cancel for e in s["endpoints"]]
+    assert endpoints and all(e["role"] == "infer" and e["url"].startswith("http://127.0.0.1:") for e in endpoints)
     stopped = log.wait("the cancelled job to end", lambda s: _job_done(s, job1), timeout_s=90, every_s=1)
     assert _job(stopped, job1)["state"].startswith("CANCELLED"), _job(stopped, job1)
     # sacct says CANCELLED at once; the steps still have KillWait to act on their SIGTERM (the
@@ -409,6 +439,7 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     step_at_cancel = _step(stopped)
     tag_at_cancel = stopped["trainer"]["checkpoint"]
     assert CHECKPOINT_EVERY <= step_at_cancel < TOTAL_STEPS, f"cancelled at step {step_at_cancel}"
+    _check_roles_stopped_cleanly(run, cancelled_at)
     starts_before = len(_metrics(run, "trainer_start"))
     mid = check_exactly_once(run, ci_python)  # the ledger holds at every checkpoint, not only at the end
 
