@@ -16,7 +16,8 @@ Guarantees:
   past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
   launch is its own session, hence its own autogroup when ``kernel.sched_autogroup_enabled``).
   A sandbox the watchdog killed once starts every later shell demoted (penalty box).
-  As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): the watchdog alone bounds it.
+  As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): root gets a cgroup-v1 pids
+  group per sandbox instead (:class:`PidsCgroup`).
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
 """
 
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpc.config.sandbox import SandboxConfig
 
@@ -55,6 +57,58 @@ class Limits:
         if nproc:
             parts.append(f"-u {self.max_procs + NPROC_HEADROOM}")
         return " && ".join(f"ulimit {p}" for p in parts)
+
+
+class PidsCgroup:
+    """Root only: a cgroup-v1 ``pids`` group per sandbox with ``pids.max``.
+
+    The kernel exempts uid 0 from RLIMIT_NPROC (even inside a user namespace), so a fork bomb in
+    a sandbox started by root would grow until the watchdog's next scan, by then thousands of
+    processes. Root can create pids cgroups without delegation, so it gets a kernel-enforced cap;
+    an unprivileged node relies on RLIMIT_NPROC (per user namespace) instead.
+    """
+
+    ROOT = Path("/sys/fs/cgroup/pids")
+
+    def __init__(self, key: str, max_tasks: int) -> None:
+        self.path: Path | None = None
+        if os.geteuid() != 0 or not os.access(self.ROOT, os.W_OK):
+            return
+        try:
+            path = self.ROOT / f"spoolrl-{key}"
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(str(max_tasks))
+            self.path = path
+        except OSError:
+            self.path = None
+
+    def prefix(self) -> list[str]:
+        """argv prefix that moves the launcher into the group before it execs (children inherit)."""
+        if self.path is None:
+            return []
+        return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path)]
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        for _ in range(100):
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+        self.path = None
 
 
 # ---------------------------------------------------------------- process table

@@ -36,7 +36,7 @@ from hpc.paths import node_scratch
 from rollout_node.sandbox import spawner
 from rollout_node.sandbox.files import FileTools
 from rollout_node.sandbox.images import ImageCache, ImageLease, default_image
-from rollout_node.sandbox.limits import Limits, Watchdog, descendants, kill_tree
+from rollout_node.sandbox.limits import NPROC_HEADROOM, Limits, PidsCgroup, Watchdog, descendants, kill_tree
 from rollout_node.sandbox.pty_shell import BASH_ARGS, PtyShell, ShellLaunch, marker_env
 from rollout_node.sandbox.pytool import SERVER_SOURCE, PyChannel
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
@@ -68,6 +68,7 @@ class Sandbox:
         self.py = PyChannel(self._ctl_fd, self.keep, self._in_shell_sandbox)
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
                               on_death=self._on_death)
+        self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits)
         self.startup_s = self.shell.spawn()
 
@@ -93,7 +94,7 @@ class Sandbox:
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in marker_env(nonce).items())
         boot = self._boot_script(PyChannel.boot_snippet(f"{self.inside}/{CTL_DIR}", self.keep) + "\n"
                                  + exports + "exec " + shlex.join(BASH_ARGS))
-        argv = self.runtime.argv(spec, ["bash", "-c", boot, "bash", SERVER_SOURCE])
+        argv = self.cgroup.prefix() + self.runtime.argv(spec, ["bash", "-c", boot, "bash", SERVER_SOURCE])
         return ShellLaunch(argv=argv, env=self.runtime.host_env(spec), cwd=str(self.runtime.host_cwd(spec)))
 
     def _on_spawn(self, pid: int) -> None:
@@ -127,7 +128,7 @@ class Sandbox:
         self._execs += 1
         spec = self._spec({}, f"exec{self._execs}")
         boot = self._boot_script('exec "$@"')
-        full = self.runtime.argv(spec, ["bash", "-c", boot, "bash", *argv])
+        full = self.cgroup.prefix() + self.runtime.argv(spec, ["bash", "-c", boot, "bash", *argv])
         try:
             return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep)
         finally:
@@ -198,6 +199,7 @@ class Sandbox:
         self.shell.kill()
         if not self.runtime.isolated:
             _kill_marked(self.key)
+        self.cgroup.remove()
         self.py.teardown()
         Watchdog.shared().unregister(self.key)
         _remove_ctl_dir(self.workdir, self._ctl_fd)
