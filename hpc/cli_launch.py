@@ -148,6 +148,14 @@ def _status(args: argparse.Namespace) -> int:
 
     if not (Path(args.run) / "run.yaml").exists():
         raise RunDirError(f"{args.run} is not a spoolrl run directory (no run.yaml)")
+    if not args.json and not args.once and sys.stdout.isatty():
+        from hpc.status import watch
+
+        try:
+            watch(args.run, sys.stdout, interval_s=args.interval_s)
+        except KeyboardInterrupt:
+            pass
+        return 0
     status = run_status(args.run)
     if args.json:
         print_json(status)
@@ -178,6 +186,8 @@ def register(sub: tp.Any) -> None:
     p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run")
     add_run_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
+    p.add_argument("--once", action="store_true", help="print once even on a terminal (default there: live view)")
+    p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view")
     p.set_defaults(func=_status)
 
     p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)")

@@ -16,6 +16,13 @@ Guarantees:
      "endpoints": [{"file": str, "role": str|null, "url": str|null, "version": int|null,
                     "heartbeat": int|null, "age_s": float}],
      "failures": [metrics records: failed steps/jobs and kinds naming a failure or error; last 20],
+     "pipeline": {"<rollout process>": {"queue_depth": {stage: n}, "busy": {stage: n},
+                  "episodes": int, "episodes_per_min": float, "failures": {kind: n},
+                  "stage_s": {stage: {"p50", "p95", "n"}}, "draining": str, "age_s": float}},
+     "training": {"step", "loss", "reward_mean", "pass_rate", "staleness_hist", "idle_fraction",
+                  "tokens_per_s", "drops": {reason: n}} | null,
+     "accounting": {...hpc.report.accounting: tokens generated/trained/discarded, sandbox_hours,
+                    cpu_hours, gpu_hours, waste_percent, cost per trained token...} | null,
      "errors": {part: message}}
 
   ``endpoints[].age_s`` is the age of the file's mtime on this host's clock: a hint for humans,
@@ -105,12 +112,35 @@ def _is_failure(record: dict[str, tp.Any]) -> bool:
     return "fail" in kind or "error" in kind
 
 
-def failures_part(paths: RunPaths) -> list[dict[str, tp.Any]]:
-    from hpc.metrics import read_metrics
+def failures_part(records: list[dict[str, tp.Any]]) -> list[dict[str, tp.Any]]:
+    """The last failure records (``records`` sorted by time)."""
+    return [r for r in records if _is_failure(r)][-MAX_FAILURES:]
 
-    failures = [r for r in read_metrics(paths.root) if _is_failure(r)]
-    failures.sort(key=lambda r: float(r.get("t", 0)))
-    return failures[-MAX_FAILURES:]
+
+PIPELINE_KEYS = ("queue_depth", "busy", "episodes", "episodes_per_min", "failures", "stage_s", "draining")
+TRAINING_KEYS = ("step", "loss", "reward_mean", "pass_rate", "staleness_hist", "idle_fraction", "tokens_per_s",
+                 "drops", "policy_version")
+
+
+def pipeline_part(records: list[dict[str, tp.Any]], now: float) -> dict[str, tp.Any]:
+    last: dict[str, dict[str, tp.Any]] = {}
+    for r in records:
+        if r.get("kind") == "node":
+            last[str(r.get("process"))] = r
+    return {proc: {**{k: r.get(k) for k in PIPELINE_KEYS}, "age_s": round(now - float(r["t"]), 1)}
+            for proc, r in sorted(last.items())}
+
+
+def training_part(records: list[dict[str, tp.Any]]) -> dict[str, tp.Any] | None:
+    steps = [r for r in records if r.get("kind") == "train_step"]
+    return {k: steps[-1].get(k) for k in TRAINING_KEYS} if steps else None
+
+
+def accounting_part(paths: RunPaths, records: list[dict[str, tp.Any]]) -> dict[str, tp.Any]:
+    from hpc.report import accounting, group_hours
+
+    hours, source = group_hours(paths, records)
+    return {**accounting(records, hours), "hours_source": source}
 
 
 def run_status(run_dir: str | Path) -> dict[str, tp.Any]:
@@ -118,10 +148,16 @@ def run_status(run_dir: str | Path) -> dict[str, tp.Any]:
     now = time.time()
     status: dict[str, tp.Any] = {"schema": SCHEMA, "run": str(paths.root), "time": now, "jobs": [], "spool": None,
                                  "trainer": {"policy_version": None, "checkpoint": None, "step": None},
-                                 "endpoints": [], "failures": [], "errors": {}}
+                                 "endpoints": [], "failures": [], "pipeline": {}, "training": None,
+                                 "accounting": None, "errors": {}}
+    from hpc.metrics import read_metrics
+
+    records = sorted(read_metrics(paths.root), key=lambda r: float(r.get("t", 0)))
     parts: dict[str, tp.Callable[[], tp.Any]] = {
         "jobs": lambda: jobs_part(paths), "spool": lambda: spool_part(paths), "trainer": lambda: trainer_part(paths),
-        "endpoints": lambda: endpoints_part(paths, now), "failures": lambda: failures_part(paths),
+        "endpoints": lambda: endpoints_part(paths, now), "failures": lambda: failures_part(records),
+        "pipeline": lambda: pipeline_part(records, now), "training": lambda: training_part(records),
+        "accounting": lambda: accounting_part(paths, records),
     }
     for name, build in parts.items():
         try:
@@ -150,6 +186,7 @@ def format_status(status: dict[str, tp.Any]) -> str:
         spool = status["spool"]
         keys = [k for k in sorted(spool) if k.startswith(("tasks_", "trajectories_", "shards_"))] or sorted(spool)
         lines.append("  spool: " + ", ".join(f"{k}={spool[k]}" for k in keys))
+    lines.extend(_progress_lines(status))
     for e in status["endpoints"]:
         lines.append(f"  endpoint {e['file']}: {e['role']} {e['url']} v{e['version']} "
                      f"heartbeat {e['heartbeat']} ({e['age_s']}s ago)")
@@ -159,3 +196,39 @@ def format_status(status: dict[str, tp.Any]) -> str:
     for part, msg in status["errors"].items():
         lines.append(f"  ({part} unavailable: {msg})")
     return "\n".join(lines)
+
+
+def _fmt(value: tp.Any, spec: str = ".3f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def _progress_lines(status: dict[str, tp.Any]) -> list[str]:
+    lines = []
+    tr = status.get("training")
+    if tr:
+        lines.append(f"  training: step {tr.get('step')}  loss {_fmt(tr.get('loss'), '.4f')}  reward "
+                     f"{_fmt(tr.get('reward_mean'))}  pass {_fmt(tr.get('pass_rate'))}  idle "
+                     f"{_fmt(tr.get('idle_fraction'), '.1%')}  {_fmt(tr.get('tokens_per_s'), '.0f')} tok/s  "
+                     f"staleness {tr.get('staleness_hist') or {}}  dropped {tr.get('drops') or {}}")
+    for proc, node in (status.get("pipeline") or {}).items():
+        lines.append(f"  rollout {proc}: queued {node.get('queue_depth')}  busy {node.get('busy')}  "
+                     f"episodes {node.get('episodes')} ({_fmt(node.get('episodes_per_min'), '.1f')}/min)  "
+                     f"failures {node.get('failures') or {}}{'  DRAINING' if node.get('draining') else ''}")
+    acct = status.get("accounting")
+    if acct:
+        lines.append(f"  tokens: generated {acct['tokens_generated']}, trained {acct['tokens_trained']}, "
+                     f"discarded {acct['tokens_discarded']} ({acct['waste_percent']:.1f}% waste); sandbox-hours "
+                     f"{acct['sandbox_hours']:.3f}; CPU-h {acct['cpu_hours']:.3f}, GPU-h {acct['gpu_hours']:.3f}")
+    return lines
+
+
+def watch(run_dir: str | Path, out: tp.TextIO, *, interval_s: float = 2.0, max_updates: int | None = None) -> None:
+    """The live view: redraw :func:`format_status` in place until Ctrl-C (or ``max_updates``)."""
+    n = 0
+    while max_updates is None or n < max_updates:
+        text = format_status(run_status(run_dir))
+        out.write("\x1b[H\x1b[2J" + text + f"\n\n(refreshing every {interval_s:g} s; Ctrl-C to quit)\n")
+        out.flush()
+        n += 1
+        if max_updates is None or n < max_updates:
+            time.sleep(interval_s)
