@@ -79,16 +79,18 @@ def episode(root: Path, fault: str, kill_after: float | None, max_idle_s: float 
             os._exit(3)
     t0 = time.monotonic()
     killed = False
+    done, status = 0, 0
     if kill_after is not None:
         while time.monotonic() - t0 < kill_after:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:  # ended by itself (e.g. no data left) before the kill
                 break
             time.sleep(0.02)
         else:
             os.kill(pid, signal.SIGKILL)
             killed = True
-    _, status = os.waitpid(pid, 0)
+    if not done:
+        _, status = os.waitpid(pid, 0)
     return {"fault": fault, "killed": killed, "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
             "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None, "s": round(time.monotonic() - t0, 2)}
 

@@ -1,0 +1,26 @@
+"""Where a trainer process sits: torchrun variables, else SlurmEnv (srun task), else a single process."""
+
+from __future__ import annotations
+
+from train_node.trainer.dist_env import resolve
+
+
+def test_launcher_variables_win() -> None:
+    d = resolve({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "1234",
+                 "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"})
+    assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.master_port, d.source) == (3, 8, 1, "n1", 1234,
+                                                                                            "launcher")
+
+
+def test_srun_task_of_the_train_group() -> None:
+    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
+           "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_RESTART_COUNT": "2"}
+    d = resolve(env)
+    assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.source) == (5, 8, 1, "gpu07", "slurm")
+    requeued = resolve({**env, "SLURM_RESTART_COUNT": "3"})
+    assert requeued.master_port != d.master_port  # a requeued job never reuses its predecessor's port
+
+
+def test_single_process_without_launcher() -> None:
+    d = resolve({})
+    assert (d.rank, d.world_size, d.source) == (0, 1, "single")
