@@ -68,7 +68,7 @@ def train_toy(root: Path, seed: int, *, sign: float, max_steps: int, stop_at: fl
         run={"seed": seed})
     paths = make_run(root, cfg, seed=seed)
     torch.manual_seed(seed)
-    trainer = Trainer(paths.root, cfg, Options(advantage_sign=sign, idle_timeout_s=0.3), dist=single_process_env())
+    trainer = Trainer(paths.root, cfg, Options(advantage_sign=sign, idle_timeout_s=0.1), dist=single_process_env())
     trainer.setup()
     spool = Spool(paths.root, cfg.spool)
     means: list[float] = []
@@ -97,6 +97,6 @@ def test_reward_rises_through_the_spool(tmp_path: Path, seed: int) -> None:
 
 
 def test_flipped_advantage_does_not_learn(tmp_path: Path) -> None:
-    means = train_toy(tmp_path / "run", 0, sign=-1.0, max_steps=40, stop_at=None)
+    means = train_toy(tmp_path / "run", 0, sign=-1.0, max_steps=25, stop_at=None)
     assert means[0] <= 0.2
     assert np.mean(means[-5:]) < 0.1, means[-10:]
