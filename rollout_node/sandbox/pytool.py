@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import select
+import shlex
 import signal
 import socket
 import stat
@@ -81,7 +82,7 @@ class PyChannel:
     @staticmethod
     def boot_snippet(ctl_inside: str, keep: int) -> str:
         """Shell code (bash) that serves start requests; expects the server source in $1."""
-        fifo, sock = f"{ctl_inside}/py.ctl", f"{ctl_inside}/py.sock"
+        fifo, sock = shlex.quote(f"{ctl_inside}/py.ctl"), shlex.quote(f"{ctl_inside}/py.sock")
         return (f"( trap '' INT HUP; while [ -p {fifo} ] && read -r tok < {fifo}; do "
                 f'python3 -c "$1" {sock} "$tok" {keep}; done ) </dev/null >/dev/null 2>&1 &')
 
