@@ -34,9 +34,11 @@ in that same run.
 
 Part 2: the spool alone. N processes (1, 2, 4, 8, 16) each loop like a rollout node without
 sandboxes: heartbeat, claim a task, write a group of ``--group-size`` synthetic trajectories with
-``add_group``, ``finish_task`` once the shard is published. Throughput (tasks/s, all processes)
-and scaling efficiency = throughput(N) / (N x throughput(1)). On a 2-core machine efficiency
-above 2 processes is bounded by the CPUs; on a cluster each process is on its own node.
+``add_group``, ``finish_task`` once the shard is published. Throughput (tasks/s, all processes),
+scaling efficiency = throughput(N) / (N x throughput(1)), and CPU time per task (summed over the
+processes): on a 2-core machine throughput above 2 processes is bounded by the CPUs, so a flat
+CPU cost per task is what shows that the spool itself adds no coordination cost as claimers grow
+(on a cluster each process is on its own node).
 
 Usage: scripts/bench_pipeline.py [--episodes 24] [--sandboxes 8] ... [--skip-spool] [--skip-pipeline]
 """
@@ -282,6 +284,7 @@ def _spool_worker(run_dir: str, k: int, group_size: int, n_tokens: int, duration
     wid = f"node-{k}"
     done, waiting = 0, []
     start.wait()  # every process is imported and ready: they all start together
+    cpu0 = time.process_time()
     deadline = time.monotonic() + duration_s
     with spool.writer(wid) as writer:
         while time.monotonic() < deadline:
@@ -297,7 +300,7 @@ def _spool_worker(run_dir: str, k: int, group_size: int, n_tokens: int, duration
                 waiting = []
     for _, lz in waiting:  # the writer closed: every shard is published
         spool.finish_task(lz)
-    out.put((done + len(waiting), time.monotonic() - (deadline - duration_s)))
+    out.put((done + len(waiting), time.monotonic() - (deadline - duration_s), time.process_time() - cpu0))
 
 
 def part2(args: argparse.Namespace) -> None:
@@ -320,9 +323,10 @@ def part2(args: argparse.Namespace) -> None:
                 p.join()
             tasks = sum(r[0] for r in results)
             rate = tasks / max(r[1] for r in results)
+            cpu_ms = 1000 * sum(r[2] for r in results) / max(1, tasks)
             base = base or rate
             print(f"  {n:3d} processes: {rate:8.1f} tasks/s  ({rate * args.group_size:8.1f} trajectories/s)  "
-                  f"efficiency {rate / (n * base):5.0%}")
+                  f"efficiency {rate / (n * base):5.0%}  CPU {cpu_ms:5.2f} ms/task")
 
 
 def main(argv: list[str] | None = None) -> int:
