@@ -331,9 +331,9 @@ def part2(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, default=36)
+    p.add_argument("--episodes", type=int, default=48)
     p.add_argument("--sandboxes", type=int, default=8, help="live-sandbox budget of both variants")
-    p.add_argument("--init-workers", type=int, default=6)
+    p.add_argument("--init-workers", type=int, default=8)
     p.add_argument("--eval-workers", type=int, default=2)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--llm-slots", type=int, default=8)
