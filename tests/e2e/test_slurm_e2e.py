@@ -65,6 +65,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.sandbox, pytest.ma
 JOB_NAME = "spoolrl-e2e"
 TOTAL_STEPS = 6
 CHECKPOINT_EVERY = 2
+# A setup line: the fake GPU's CUDA_VISIBLE_DEVICES goes into each step's log (torch must stay on CPU).
+SHOW_GPUS = 'echo "spoolrl-e2e: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >&2'
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED")
 
 
@@ -131,13 +133,13 @@ def _config_dict(python: Path, torch_extensions: Path, scratch: Path) -> dict[st
                     "drain_timeout_s": 3.0},
         "inference": {"interface": "lo"},
         "spool": {"shard_max_age_s": 2.0, "poll_interval_s": 1.0},
-        # The rollout node's scratch is per test run: a shared /tmp/spoolrl-rollout made by another
-        # user is not writable here (see the report of this test's author).
+        # The rollout node's scratch is per test run: rollout_node/pipeline/cli.py names it
+        # <scratch>/spoolrl-rollout for every user, so one made by root (spoolrl demo) blocks the CI user.
         "sandbox": {"scratch_dir": str(scratch)},
         "slurm": {
             "job_name": JOB_NAME, "time_limit_min": 20, "stop_grace_s": 10, "rollout_restart_delay_s": 1,
-            "train": _group("gpu", python, 1, 30, [f"export TORCH_EXTENSIONS_DIR={torch_extensions}"]),
-            "infer": _group("gpu", python, 1, 20),
+            "train": _group("gpu", python, 1, 30, [f"export TORCH_EXTENSIONS_DIR={torch_extensions}", SHOW_GPUS]),
+            "infer": _group("gpu", python, 1, 20, [SHOW_GPUS]),
             "rollout": _group("cpu", python, 0, 30),
         },
     }
@@ -255,6 +257,13 @@ def _check_roles_stopped_cleanly(run: Path, since: float) -> None:
         f"the rollout node did not drain on SIGTERM:\n{_batch_logs(run)}"
     for stop in (r for r in _metrics(run, "trainer_stop") if r["t"] >= since):
         assert stop["reason"] == "signal:SIGTERM" and stop["exit_code"] == 75, stop
+
+
+def _check_fake_gpus(run: Path, job_id: str) -> None:
+    """The train and infer tasks ran with a (fake, /dev/null) GPU assigned, and worked on the CPU anyway."""
+    for role in ("train", "infer"):
+        logs = "".join(f.read_text(errors="replace") for f in (run / "logs" / role).glob(f"{job_id}-*.log"))
+        assert "spoolrl-e2e: CUDA_VISIBLE_DEVICES=0" in logs, f"{role} step log:\n{logs[-2000:]}"
 
 
 def _wait_gone(job_id: str, timeout_s: float = 60) -> None:
@@ -444,6 +453,7 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     tag_at_cancel = stopped["trainer"]["checkpoint"]
     assert CHECKPOINT_EVERY <= step_at_cancel < TOTAL_STEPS, f"cancelled at step {step_at_cancel}"
     _check_roles_stopped_cleanly(run, cancelled_at)
+    _check_fake_gpus(run, job1)
     starts_before = len(_metrics(run, "trainer_start"))
     mid = check_exactly_once(run, ci_python)  # the ledger holds at every checkpoint, not only at the end
 
@@ -517,6 +527,7 @@ def test_render_and_plain_sbatch_same_run(ci_python: Path, e2e_config: Path, e2e
         assert mine == sacct_groups(launch_job)
         assert gres == json.loads((e2e_root / "launched-gres.json").read_text())
 
+    _check_fake_gpus(run, job)
     summary = check_exactly_once(run, ci_python)
     assert summary["trained_steps"] == set(range(1, TOTAL_STEPS + 1))
     print(f"\n[e2e sbatch] job {job}: {summary}")
