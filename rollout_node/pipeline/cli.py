@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -69,7 +70,9 @@ def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) 
 
     paths, config = open_run(run)
     setup_logging(paths.logs, node_id)
-    scratch = node_scratch(config.sandbox.scratch_dir) / "spoolrl-rollout"
+    # Per user: several users' nodes (or a root demo and a CI user) may share one node's $TMPDIR.
+    scratch = node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}"
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     workers = default_workers(config.rollout, config.sandbox, scratch)
     options = NodeOptions(node_id=node_id, workers=workers, scratch=scratch, max_episodes=max_episodes, once=once)
     spool = Spool(paths.root, config.spool)
