@@ -30,11 +30,13 @@ class EvalOutcome:
 
 
 class TaskOps(Protocol):
-    """Everything the stages need from tasks and sandboxes (five calls)."""
+    """Everything the stages need from tasks and sandboxes."""
 
     def parse(self, task: Mapping[str, Any]) -> Any: ...
 
     def image(self, task: Any) -> str: ...
+
+    def stage_image(self, image: str) -> None: ...
 
     def prepare(self, task: Any, workdir: Path) -> None: ...
 
@@ -110,6 +112,23 @@ class RealTaskOps:
                 ensure_builtin_repos(self.repo_cache)
                 self._builtin_ready = True
 
+    def _image_cache(self) -> Any:
+        from rollout_node.sandbox.images import ImageCache
+        from rollout_node.sandbox.sandbox import user_scratch
+
+        cfg = self.config.sandbox
+        return ImageCache(Path(cfg.image_cache_dir) if cfg.image_cache_dir else user_scratch(cfg) / "images",
+                          int(cfg.image_cache_gb * 2**30))
+
+    def stage_image(self, image: str) -> None:
+        """INIT stages the image into the node's cache (an archive or SIF is extracted once), so RUN
+        starts its sandbox from local disk. Raises SandboxError when the image cannot be staged."""
+        if self.config.sandbox.runtime == "local":
+            return
+        from rollout_node.sandbox.images import default_image
+
+        self._image_cache().stage(image or default_image()).release()
+
     def prepare(self, task: Any, workdir: Path) -> None:
         from rollout_node.tasks import prepare_workdir
 
@@ -143,15 +162,12 @@ class RealTaskOps:
 
     def image_cached(self, image: str) -> bool:
         """True when INIT/RUN would find ``image`` staged on this node (a directory is used in place)."""
-        from rollout_node.sandbox.images import ImageCache, default_image
-        from rollout_node.sandbox.sandbox import user_scratch
+        from rollout_node.sandbox.images import default_image
 
         src = Path(image or default_image())
         if src.is_dir() or not src.exists():
             return True
-        cfg = self.config.sandbox
-        cache = ImageCache(Path(cfg.image_cache_dir) if cfg.image_cache_dir else user_scratch(cfg) / "images",
-                           int(cfg.image_cache_gb * 2**30))
+        cache = self._image_cache()
         staged = getattr(cache, "is_staged", None)
         if staged is not None:
             return bool(staged(image))

@@ -51,10 +51,11 @@ class Stages:
         self.policy_version = policy_version
 
     def init(self, ep: Episode) -> StageResult:
-        """Prepare the repository at base commit in a fresh node-local work dir."""
+        """Stage the image on the node, prepare the repository at base commit in a fresh work dir."""
         ep.workdir = self.scratch / "work" / ep.key
         shutil.rmtree(ep.workdir, ignore_errors=True)
         try:
+            self.ops.stage_image(ep.group.image)
             self.ops.prepare(ep.group.task, ep.workdir)
         except Exception as exc:  # noqa: BLE001 - any failure to prepare is an INIT failure
             remove_workdir(ep)

@@ -96,6 +96,10 @@ class FakeOps:
     def image(self, task: Any) -> str:
         return str(task.image)
 
+    def stage_image(self, image: str) -> None:
+        if image == "missing-image":
+            raise SandboxError(f"image {image!r} not found")
+
     def prepare(self, task: Any, workdir: Path) -> None:
         with self.lock:
             self.prepared.append(task.instance_id)
