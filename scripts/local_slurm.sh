@@ -142,7 +142,7 @@ SchedulerType=sched/backfill
 # Het jobs start only from the backfill scheduler: bf_interval is their start latency.
 SchedulerParameters=bf_interval=1,bf_continue,sched_interval=2
 ReturnToService=2
-KillWait=5
+KillWait=15
 MinJobAge=300
 InactiveLimit=0
 SlurmdTimeout=300

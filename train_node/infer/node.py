@@ -16,7 +16,8 @@ What it does (torch-free; the CPU engine runs in child processes):
 - Restarts a server whose process died, that did not become healthy within
   ``server_start_timeout_s``, or that failed 3 health checks in a row; gives up (exit 1) after
   ``max_restarts`` restarts in a row that never became healthy.
-- SIGTERM/SIGINT or ``RUN/control/STOP``: stops all servers, removes its endpoint files, exits 0.
+- SIGTERM/SIGINT or ``RUN/control/STOP``: stops all servers, removes its endpoint files, exits 0. SIGUSR1 (Slurm's
+  time-limit warning) is ignored: draining rollout nodes still need answers until SIGTERM.
 """
 
 from __future__ import annotations
@@ -291,4 +292,7 @@ def run_infer_node(run_dir: str, node_index: int | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Slurm's time-limit warning (--signal=USR1@drain_s) reaches every process of the step: the rollout
+    # group is draining and needs its episodes answered, so servers keep serving until SIGTERM.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return node.run()

@@ -57,6 +57,9 @@ def run_serve(args: ServeArgs) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Slurm's time-limit warning (--signal=USR1@drain_s) reaches every process of the step: the rollout
+    # group is draining and needs its episodes answered, so servers keep serving until SIGTERM.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     url = server_url(server, args.host)
