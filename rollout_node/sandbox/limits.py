@@ -15,7 +15,8 @@ Guarantees:
   :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
   past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
   launch is its own session, hence its own autogroup when ``kernel.sched_autogroup_enabled``).
-  A sandbox the watchdog killed once starts every later shell demoted (penalty box).
+  A sandbox the watchdog killed once starts every later shell demoted (penalty box), and its
+  restarts back off (0.5 s doubling to 5 s) so a kill/restart loop cannot become a steady load.
   As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): root gets a cgroup-v1 pids
   group per sandbox instead (:class:`PidsCgroup`).
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
@@ -28,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.config.sandbox import SandboxConfig
@@ -187,17 +188,22 @@ def _is_zombie(pid: int) -> bool:
 
 # ---------------------------------------------------------------- watchdog
 
-def _demote(roots: list[int]) -> bool:
+def _demote(roots: list[int]) -> set[int]:
     """Lowest CPU weight for a sandbox's scheduler autogroup (one per session, i.e. per sandbox
-    launch): a sandbox heading for its limits stops slowing its neighbours even before it is killed."""
-    done = False
+    launch): a sandbox heading for its limits stops slowing its neighbours even before it is killed.
+    Returns the roots demoted. A root still in the node's own session (a launcher that has not
+    called setsid yet) is skipped: demoting it would demote the node itself."""
+    done = set()
+    own_session = os.getsid(0)
     for pid in roots:
         try:
+            if os.getsid(pid) == own_session:
+                continue
             with open(f"/proc/{pid}/autogroup", "w") as f:
                 f.write("19")
-            done = True
+            done.add(pid)
         except OSError:
-            pass  # no autogroup support (CONFIG_SCHED_AUTOGROUP off, or disabled)
+            pass  # gone, or no autogroup support (CONFIG_SCHED_AUTOGROUP off or disabled)
     return done
 
 
@@ -209,7 +215,7 @@ class _Watched:
     verdict: str = ""
     peak_mem: int = 0
     peak_procs: int = 0
-    demoted: bool = False
+    demoted: set[int] = field(default_factory=set)
     kills: int = 0
 
 
@@ -240,13 +246,9 @@ class Watchdog:
                 self._thread.start()
 
     def add_root(self, key: str, pid: int) -> None:
-        """Watch the tree under ``pid``; a sandbox the watchdog killed before starts demoted."""
+        """Watch the tree under ``pid`` (a sandbox the watchdog killed before is demoted at its next scan)."""
         with self._lock:
-            w = self._watched[key]
-            w.roots.add(pid)
-            penalised = w.kills > 0
-        if penalised:
-            _demote([pid])
+            self._watched[key].roots.add(pid)
 
     def remove_root(self, key: str, pid: int) -> None:
         with self._lock:
@@ -267,6 +269,13 @@ class Watchdog:
             if clear:
                 w.verdict = ""
             return text
+
+    def backoff_s(self, key: str) -> float:
+        """Delay before restarting a sandbox the watchdog killed: 0.5 s, doubling per kill, at most 5 s."""
+        with self._lock:
+            w = self._watched.get(key)
+            kills = w.kills if w else 0
+        return 0.0 if kills == 0 else min(5.0, 0.5 * 2 ** (kills - 1))
 
     def peaks(self, key: str) -> tuple[int, int]:
         with self._lock:
@@ -296,10 +305,10 @@ class Watchdog:
             # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
             tasks = sum(threads.get(p, 1) for p in pids)
             w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
-            if tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2:
-                hot = True
-                if not w.demoted:
-                    w.demoted = _demote(roots)
+            near = tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2
+            hot = hot or near
+            if (w.kills or near) and not set(roots) <= w.demoted:
+                w.demoted |= _demote([r for r in roots if r not in w.demoted])
             why = ""
             if tasks >= w.limits.max_procs:
                 why = f"{tasks} processes/threads >= max_procs {w.limits.max_procs}"
@@ -309,7 +318,6 @@ class Watchdog:
                 with self._lock:  # the verdict first: the owner asks for it as soon as its shell dies
                     w.verdict = f"sandbox killed by the watchdog: {why}"
                     w.kills += 1
-                    w.demoted = False
                 kill_tree(roots)
                 if w.on_kill:
                     w.on_kill(w.verdict)

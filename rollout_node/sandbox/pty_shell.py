@@ -96,6 +96,7 @@ class PtyShell:
                  dimensions: tuple[int, int] = (50, 200)) -> None:
         self._launch, self.keep, self._dims = launch, keep, dimensions
         self._on_spawn, self._on_death = on_spawn, on_death
+        self.respawn_delay: Callable[[], float] = lambda: 0.0
         self.proc: subprocess.Popen | None = None
         self.fd = -1
         self.spawns = 0
@@ -192,6 +193,7 @@ class PtyShell:
         status = self.kill()
         if why:
             status = None
+            time.sleep(self.respawn_delay())  # back-off: kill/restart must not become a steady load
         try:
             self.spawn()
             note = (why + "; " if why else f"the shell exited (status {status}); ") + \

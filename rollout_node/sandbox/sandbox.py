@@ -68,6 +68,7 @@ class Sandbox:
         self.py = PyChannel(self._ctl_fd, self.keep, self._in_shell_sandbox)
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
                               on_death=self._on_death)
+        self.shell.respawn_delay = lambda: Watchdog.shared().backoff_s(self.key)
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits)
         self.startup_s = self.shell.spawn()

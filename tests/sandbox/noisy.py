@@ -22,8 +22,8 @@ from rollout_node.sandbox import open_sandbox
 from rollout_node.sandbox.sandbox import Sandbox
 
 RUNTIME: Any = sys.argv[1] if len(sys.argv) > 1 else "bwrap"
-ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 12
-CYCLES = 3
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 8
+CYCLES = 6
 COMMAND = "ls /etc > /dev/null"
 NOISE = ("(:(){ :|:& };:) 2>/dev/null & "
          "python3 -c 'import time; b = b\"x\" * (700 << 20); time.sleep(60)' & "
