@@ -69,7 +69,7 @@ class LLMPolicy:
 
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         policy = _VersionTap(self.client.session(ctx.task_id), ctx.transcript)
-        tools = SandboxTools(ctx.sandbox, timeout_s=ctx.command_timeout_s)
+        tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
         result = self.loop.run(task_messages(ctx.task.problem_statement or ctx.task_id), policy, tools, seed=seed,
                                cancel=lambda _so_far: _stop_reason(ctx),
