@@ -67,6 +67,10 @@ class LLMPolicy:
     def close(self) -> None:
         self.client.close()
 
+    def not_ready(self) -> str:
+        """Why the node should not claim now ('' = ready): no live inference server is announced yet."""
+        return "" if self.client.endpoints.live() else "no_inference_server"
+
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         policy = _VersionTap(self.client.session(ctx.task_id), ctx.transcript)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline

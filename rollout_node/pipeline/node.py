@@ -70,6 +70,7 @@ class RolloutNode:
         self.control = ControlFiles(paths, config.spool.poll_interval_s)
         self.clock = job_clock or JobClock()
         self.metrics = NodeMetrics(paths.root, options.node_id)
+        self.policy = policy
         self.stages = Stages(config, ops, policy, self.scratch, lambda: self.control.latest_version)
         size = self.rollout.queue_size
         self.queues: dict[str, queue.Queue[Episode]] = {s: queue.Queue(maxsize=size) for s in ("init", "run", "eval")}
@@ -266,6 +267,8 @@ class RolloutNode:
             reason = "max_episodes"
         elif self._pending_work() >= self.config.spool.max_ready_shards:
             reason = "backpressure"
+        elif not_ready := self._policy_not_ready():
+            reason = not_ready  # e.g. no live inference server yet: a claim now would only burn retries
         else:
             remaining = self.clock.remaining_s()
             p95 = self.metrics.p95_group_s() or 0.0
@@ -273,6 +276,10 @@ class RolloutNode:
                 reason = "time_limit"
         self.not_claiming = reason
         return not reason and not self.draining
+
+    def _policy_not_ready(self) -> str:
+        ready = getattr(self.policy, "not_ready", None)
+        return str(ready()) if callable(ready) else ""
 
     def _pending_work(self) -> int:
         at, value = self._pending

@@ -110,10 +110,29 @@ def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> 
     assert len(set(map(str, seeds))) == len(seeds)
 
 
-def test_no_inference_server_is_an_excluded_inference_error(tmp_path: Path, tiny_model: Path) -> None:
+def test_dead_inference_server_is_an_excluded_inference_error(tmp_path: Path, tiny_model: Path) -> None:
     paths, cfg = make_run(tmp_path, tiny_model)
+    # announced (fresh heartbeat) but nothing listens: every request fails
+    (paths.endpoints / "infer-dead.json").write_text(json.dumps(
+        {"url": f"unix://{tmp_path / 'nobody.sock'}", "version": VERSION, "heartbeat": 1, "role": "infer"}))
     run_node(paths, cfg, tmp_path)
     trajs = [t for ts in written(paths, cfg).values() for t in ts]
     assert len(trajs) == 4
     assert {(t.status, t.reward, t.metrics["sample_attempt"]) for t in trajs} == {(Status.INFERENCE_ERROR, None, 1)}
     assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
+
+
+def test_no_announced_server_means_no_claims(tmp_path: Path, tiny_model: Path) -> None:
+    """Claiming with no live server would only burn the task's retries as inference_error rows."""
+    paths, cfg = make_run(tmp_path, tiny_model)
+    policy = LLMPolicy(paths, cfg)
+    node = RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), RealTaskOps(paths, cfg), policy,
+                       NodeOptions(node_id="n0", workers=Workers(1, 1, 1), scratch=tmp_path / "node", once=True))
+    try:
+        assert node._may_claim() is False and node.not_claiming == "no_inference_server"
+        (paths.endpoints / "infer-a.json").write_text(json.dumps(
+            {"url": "http://127.0.0.1:9", "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        time.sleep(1.1)  # the endpoint directory is rescanned at most once a second
+        assert node._may_claim() is True and node.not_claiming == ""
+    finally:
+        policy.close()
