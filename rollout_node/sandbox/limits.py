@@ -75,6 +75,7 @@ class PidsCgroup:
         self.path: Path | None = None
         if os.geteuid() != 0 or not os.access(self.ROOT, os.W_OK):
             return
+        self._sweep()
         try:
             path = self.ROOT / f"spoolrl-{key}"
             path.mkdir(exist_ok=True)
@@ -82,6 +83,16 @@ class PidsCgroup:
             self.path = path
         except OSError:
             self.path = None
+
+    def _sweep(self) -> None:
+        """Remove empty groups left by node processes that died without closing (named spoolrl-sbx-<pid>-...)."""
+        for group in self.ROOT.glob("spoolrl-sbx-*"):
+            try:
+                owner = int(group.name.split("-")[2])
+                if not Path(f"/proc/{owner}").exists():
+                    group.rmdir()  # fails while processes remain in it: then it is not stale
+            except (ValueError, IndexError, OSError):
+                continue
 
     def prefix(self) -> list[str]:
         """argv prefix that moves the launcher into the group before it execs (children inherit)."""
