@@ -53,11 +53,13 @@ class Limits:
                    max_file_bytes=cfg.max_file_mb * 2**20, tmp_bytes=int(cfg.tmp_mb * 2**20))
 
     def ulimit_script(self, *, nproc: bool) -> str:
-        """bash ``ulimit`` commands (soft = hard) to run first inside the sandbox."""
+        """POSIX-shell ``ulimit`` commands (soft = hard; bash or dash) to run first inside the sandbox."""
         parts = [f"-t {self.cpu_time_s}", f"-v {self.mem_bytes // 1024}", f"-f {self.max_file_bytes // 512}"]
-        if nproc:
-            parts.append(f"-u {self.max_procs + NPROC_HEADROOM}")
-        return " && ".join(f"ulimit {p}" for p in parts)
+        script = " && ".join(f"ulimit {p}" for p in parts)
+        if nproc:  # bash calls it -u, dash -p (bash's -p is the pipe size, which it refuses to set)
+            n = self.max_procs + NPROC_HEADROOM
+            script += f" && {{ ulimit -u {n} 2>/dev/null || ulimit -p {n}; }}"
+        return script
 
 
 class PidsCgroup:

@@ -95,7 +95,7 @@ class Sandbox:
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in marker_env(nonce).items())
         boot = self._boot_script(PyChannel.boot_snippet(f"{self.inside}/{CTL_DIR}", self.keep) + "\n"
                                  + exports + "exec " + shlex.join(BASH_ARGS))
-        argv = self.cgroup.prefix() + self.runtime.argv(spec, ["bash", "-c", boot, "bash", SERVER_SOURCE])
+        argv = self.cgroup.prefix() + self.runtime.argv(spec, ["/bin/sh", "-c", boot, "sh", SERVER_SOURCE])
         return ShellLaunch(argv=argv, env=self.runtime.host_env(spec), cwd=str(self.runtime.host_cwd(spec)))
 
     def _on_spawn(self, pid: int) -> None:
@@ -129,7 +129,7 @@ class Sandbox:
         self._execs += 1
         spec = self._spec({}, f"exec{self._execs}")
         boot = self._boot_script('exec "$@"')
-        full = self.cgroup.prefix() + self.runtime.argv(spec, ["bash", "-c", boot, "bash", *argv])
+        full = self.cgroup.prefix() + self.runtime.argv(spec, ["/bin/sh", "-c", boot, "sh", *argv])
         try:
             return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep)
         finally:

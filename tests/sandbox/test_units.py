@@ -38,7 +38,8 @@ def test_head_tail_keeps_both_ends_and_counts() -> None:
 
 def test_ulimit_script_soft_equals_hard() -> None:
     lim = Limits.from_config(SandboxConfig(mem_gb=1.0, cpu_time_s=10, max_procs=32, max_file_mb=2))
-    assert lim.ulimit_script(nproc=True) == "ulimit -t 10 && ulimit -v 1048576 && ulimit -f 4096 && ulimit -u 40"
+    assert lim.ulimit_script(nproc=True) == ("ulimit -t 10 && ulimit -v 1048576 && ulimit -f 4096 && "
+                                             "{ ulimit -u 40 2>/dev/null || ulimit -p 40; }")
     assert "-u" not in lim.ulimit_script(nproc=False)
 
 
