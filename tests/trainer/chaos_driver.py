@@ -136,16 +136,18 @@ def main() -> None:
     make_run(root, cfg)
     rng = random.Random(seed)
     plan: list[tuple[str, float | None]] = [("", rng.uniform(0.3, 5.0)) for _ in range(n_random)]
-    plan += [(f"{p}:{1 if p in ('checkpoint', 'after_checkpoint') else rng.choice([1, 2])}", None)
-             for p in POINTS for _ in range(per_point)]
+    plan += [(f"{p}:1", None) for p in POINTS for _ in range(per_point)]
     rng.shuffle(plan)
-    groups = make_groups(3 * len(plan), seed)
+    # a fault episode gets enough fresh data to reach its fault point (2 steps and a checkpoint)
+    sizes = [8 if fault else 3 for fault, _ in plan]
+    groups = make_groups(sum(sizes), seed)
     produced = [t.trajectory_id for _, g in groups for t in g]
-    per = -(-len(groups) // len(plan))
-    episodes = []
-    for i, (fault, after) in enumerate(plan):
-        produce(root, groups[i * per:(i + 1) * per])  # the producer keeps writing while trainers die
-        episodes.append(episode(root, fault, after, max_idle_s=3.0))
+    episodes, start = [], 0
+    for (fault, after), size in zip(plan, sizes, strict=True):
+        produce(root, groups[start:start + size])  # the producer keeps writing while trainers die
+        start += size
+        # a random-kill episode waits for data until it is killed; a fault episode gives up when idle
+        episodes.append(episode(root, fault, after, max_idle_s=3.0 if fault else 60.0))
     (root / "control").mkdir(exist_ok=True)
     (root / "control" / "STOP").write_text("drain\n")
     final = episode(root, "", None, max_idle_s=30.0)

@@ -56,11 +56,24 @@ def init_distributed(env: DistEnv) -> str:
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        _skip_shm_comm_op()
     if not tdist.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
     return backend
+
+
+def _skip_shm_comm_op() -> None:
+    """On CPU, DeepSpeed JIT-compiles a shared-memory collective op at its first init (30-180 s on a
+    fresh machine) under a file lock in ~/.cache/torch_extensions; a process SIGKILLed while holding
+    that lock makes every later init wait forever (seen in the chaos test). The op only speeds up
+    DeepSpeed-inference all-reduces; training collectives go through torch.distributed (gloo). So the
+    trainer marks it incompatible and never builds or loads it."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def load_model(model_dir: str | Path, precision: str, activation_checkpointing: bool) -> torch.nn.Module:
