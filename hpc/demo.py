@@ -39,6 +39,8 @@ DEMO_OVERRIDES = (
     "rollout.run_workers=4", "rollout.eval_workers=1", "rollout.init_workers=1",
     "inference.interface=lo",
     "spool.shard_max_age_s=2.0", "spool.poll_interval_s=1.0",
+    # a role killed without its drain (kill -9, a closed laptop) holds claims only this long
+    "spool.lease_s=30", "spool.heartbeat_interval_s=5",
 )
 ROLES = ("infer-node", "rollout-node", "train-node")
 JSON_EVERY_S = 5.0
@@ -225,8 +227,10 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
     try:
         why = monitor(paths, jobs, total, stream)
     except KeyboardInterrupt:
-        jobs.cancel()
-        print(f"\ninterrupted; continue with: spoolrl demo --resume {paths.root}", file=sys.stderr)
+        print("\ninterrupted: the roles drain (claims go back to the spool, the trainer keeps its checkpoint)",
+              file=sys.stderr)
+        stop_roles(paths, jobs, grace_s=45.0)
+        print(f"continue with: spoolrl demo --resume {paths.root}", file=sys.stderr)
         return 130
     stop_roles(paths, jobs)
     errors = role_errors(jobs)

@@ -1,7 +1,8 @@
 """Preemption signals: checkpoint, then exit so that the launcher requeues the job.
 
 Slurm sends its early warning as SIGUSR1 (``--signal=B:USR1@<s>``, forwarded by the batch script to
-the train step) and a bare SIGTERM on ``scancel``/``scontrol requeue``/preemption. Either one only
+the train step) and a bare SIGTERM on ``scancel``/``scontrol requeue``/preemption (SIGINT, Ctrl-C on a
+local run, is treated the same). Each one only
 sets a flag here; the train loop notices it after the current step, writes a checkpoint (and
 commits the spool), waits for the policy writer and exits with :data:`EXIT_REQUEUE`.
 
@@ -17,7 +18,7 @@ import threading
 from types import FrameType
 
 EXIT_REQUEUE = 75
-HANDLED = (signal.SIGUSR1, signal.SIGTERM)
+HANDLED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C on `spoolrl demo` reaches every role
 
 
 class StopFlag:
