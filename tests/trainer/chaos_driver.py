@@ -148,6 +148,7 @@ def main() -> None:
         start += size
         # a random-kill episode waits for data until it is killed; a fault episode gives up when idle
         episodes.append(episode(root, fault, after, max_idle_s=3.0 if fault else 60.0))
+    produce(root, groups[start:])  # the rest (late duplicates make the list longer than the sizes)
     (root / "control").mkdir(exist_ok=True)
     (root / "control" / "STOP").write_text("drain\n")
     final = episode(root, "", None, max_idle_s=30.0)
