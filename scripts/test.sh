@@ -12,7 +12,8 @@ export SPOOLRL_CI_USER=${SPOOLRL_CI_USER:-spoolrl-ci}
 t0=$(date +%s)
 step() { echo "== [$(( $(date +%s) - t0 ))s] $*" >&2; }
 
-APT_PACKAGES=(bubblewrap shellcheck bindfs debootstrap uidmap strace tmux git patch procps psmisc)
+APT_PACKAGES=(bubblewrap shellcheck bindfs debootstrap uidmap strace tmux git patch procps psmisc patchelf squashfs-tools
+              build-essential)
 if [ "${SPOOLRL_SKIP_SETUP:-0}" != 1 ]; then
   if [ "$(id -u)" = 0 ]; then
     missing=()
