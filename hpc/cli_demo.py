@@ -21,6 +21,10 @@ def _report(args: argparse.Namespace) -> int:
 
     out = write_report(Path(args.run), Path(args.output) if args.output else None)
     print(out)
+    if args.tensorboard:
+        from hpc.tensorboard import export_tensorboard
+
+        print(export_tensorboard(Path(args.run), Path(args.tensorboard)))
     return 0
 
 
@@ -40,4 +44,6 @@ def register(sub: Any) -> None:
                        "series plus accounting) into RUN/report/.")
     add_run_arg(p)
     p.add_argument("-o", "--output", metavar="FILE", help="HTML path (default RUN/report/report.html)")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard event files into DIR "
+                   "(needs the tensorboard package)")
     p.set_defaults(func=_report)

@@ -56,3 +56,19 @@ def test_sacct_parsing_per_role() -> None:
     assert hours["train"] == {"cpu_hours": 4.0, "gpu_hours": 2.0}
     assert hours["infer"] == {"cpu_hours": 1.0, "gpu_hours": 0.5}
     assert hours["rollout"] == {"cpu_hours": 8.0, "gpu_hours": 0.0}
+
+
+def test_tensorboard_export_reads_back(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hpc.tensorboard import export_tensorboard
+
+    paths = _fake_run(tmp_path / "run")
+    out = export_tensorboard(paths.root, tmp_path / "tb")
+    acc = EventAccumulator(str(out / "trainer-0"))
+    acc.Reload()
+    rewards = [(e.step, round(e.value, 6)) for e in acc.Scalars("train_step/reward_mean")]
+    assert rewards == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    node = EventAccumulator(str(out / "rollout-n1"))
+    node.Reload()
+    assert [e.value for e in node.Scalars("node/episodes_per_min")] == [2.0, 3.0, 4.0]
