@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,3 +60,28 @@ class RecordingTools:
     def submit(self) -> ToolOutput:
         self.submitted = True
         return ToolOutput("diff")
+
+
+def sandbox_missing() -> str | None:
+    try:
+        from rollout_node.sandbox import default_image, open_sandbox  # noqa: F401
+    except ImportError as exc:
+        return f"component unavailable: rollout_node.sandbox ({exc})"
+    if shutil.which("bwrap") is None:
+        return "component unavailable: bwrap is not installed"
+    if not Path(default_image()).exists():
+        return f"component unavailable: test image {default_image()} (run scripts/build_image.sh)"
+    return None
+
+
+def git_repo(path: Path, files: dict[str, str]) -> Path:
+    """A small committed git repository (what INIT prepares for an episode)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    env = ["-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", "."], cwd=path, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", *env, "commit", "-qm", "init"], cwd=path, check=True)
+    return path

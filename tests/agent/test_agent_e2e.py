@@ -28,8 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from agent_helpers import ScriptedIds, build_tiny
-from conftest import git_repo
+from agent_helpers import ScriptedIds, build_tiny, git_repo, sandbox_missing
 from recording_proxy import RecordingProxy
 
 from hpc.trajectory import Status, Trajectory
@@ -191,9 +190,7 @@ def run_episodes(template: ChatTemplate, root: Path, open_sandbox: Callable[[Pat
 @pytest.fixture(scope="module")
 def recorded(template: ChatTemplate, engine: Served, tmp_path_factory: pytest.TempPathFactory,
              ) -> Iterator[tuple[list[EpisodeResult], RecordingProxy, list[EpisodeResult]]]:
-    from conftest import _sandbox_missing
-
-    reason = _sandbox_missing()
+    reason = sandbox_missing()
     if reason:
         pytest.skip(reason)
     from hpc.config.sandbox import SandboxConfig

@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import RecordingTools, ScriptedIds
-from conftest import git_repo
+from agent_helpers import RecordingTools, ScriptedIds, git_repo
 
 from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status, Trajectory, staleness
