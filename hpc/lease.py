@@ -77,7 +77,7 @@ class TmpCleaner:
 
     def _dead(self, path: Path, name: str) -> bool:
         _, pid, host, _rest = (name.split("@", 3) + ["", "", ""])[:4]
-        if host == HOST and pid.isdigit() and not _pid_alive(int(pid)):
+        if host == HOST and pid.isdigit() and not pid_alive(int(pid)):
             return True
         try:  # another host, or a pid that is alive (perhaps reused): judge by unchanged size
             size = path.stat().st_size
@@ -91,7 +91,8 @@ class TmpCleaner:
         return now - seen[1] > self.max_age_s
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host exists (EPERM: it exists, owned by someone else)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.config import RunConfig
+from hpc.lease import pid_alive
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import TaskOps
@@ -119,7 +120,7 @@ class RolloutNode:
         """Work dirs left by a killed incarnation of this node id (``<node>.<pid>.<hex>``, pid gone)."""
         for old in self.opts.scratch.glob(f"{self.opts.node_id}.*.*"):
             pid = old.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
 
     def request_drain(self, reason: str) -> None:
@@ -528,12 +529,3 @@ class RolloutNode:
             log.exception("releasing %s failed; its lease will expire", group.task_id)
         self.metrics.group_done(time.monotonic() - group.claimed_at, released=True)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
