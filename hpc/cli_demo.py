@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
         "as local processes on a tiny model and the built-in tasks; show progress; end with a summary.")
     p.add_argument("--out", metavar="RUN", help="run directory to create (default: ./runs/spoolrl-demo-XXXX)")
     p.add_argument("--steps", type=int, default=4, help="trainer steps (default 4)")
-    p.add_argument("--resume", metavar="RUN", help="continue an interrupted demo run")
+    p.add_argument("--resume", metavar="RUN", help="continue an interrupted demo run (as configured; --steps and "
+                   "overrides apply only to new runs)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides on top of the demo's defaults")
     p.set_defaults(func=_demo)
 

@@ -180,12 +180,13 @@ def role_errors(jobs: RoleJobs) -> dict[str, str]:
 def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: list[str]) -> tuple[RunPaths, int]:
     """Create a fresh demo run, or reopen one to resume; returns its paths and the step target."""
     from hpc.cli_run import init_run
-    from hpc.rundir import check_resume, open_run
+    from hpc.rundir import open_run
 
     if resume is not None:
-        paths, config = open_run(resume)
         if overrides:
-            check_resume(config, load_config(None, [*_frozen(config), *overrides]))
+            raise UsageError("--resume continues the demo run exactly as it was configured (run.yaml is frozen); "
+                             f"drop the overrides {' '.join(overrides)}")
+        paths, config = open_run(resume)
         return paths, config.trainer.total_steps
     config = demo_config(steps, overrides)
     check_sandbox(config)
@@ -193,18 +194,6 @@ def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: li
     if RunPaths(run).run_yaml.exists():
         raise UsageError(f"{run} already holds a run; continue it with 'spoolrl demo --resume {run}'")
     return init_run(str(run), config), steps
-
-
-def _frozen(config: RunConfig) -> list[str]:
-    from hpc.config.base import iter_fields
-
-    out = []
-    for key, _f, _tp in iter_fields(RunConfig):
-        value: Any = config
-        for part in key.split("."):
-            value = getattr(value, part)
-        out.append(f"{key}={json.dumps(value)}")
-    return out
 
 
 def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -> dict[str, Any]:
