@@ -4,8 +4,8 @@ Public surface: :func:`open_sandbox`, :class:`Sandbox`, :class:`ToolResult`, :fu
 Isolation per runtime is spelled out in :mod:`rollout_node.sandbox.runtimes`.
 """
 
-from rollout_node.sandbox.images import default_image
+from rollout_node.sandbox.images import bwrap_unavailable_reason, default_image
 from rollout_node.sandbox.result import ToolResult
 from rollout_node.sandbox.sandbox import Sandbox, open_sandbox
 
-__all__ = ["Sandbox", "ToolResult", "default_image", "open_sandbox"]
+__all__ = ["bwrap_unavailable_reason", "Sandbox", "ToolResult", "default_image", "open_sandbox"]

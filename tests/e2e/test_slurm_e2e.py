@@ -85,10 +85,10 @@ def e2e_root(ci_user: str) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def e2e_config(e2e_root: Path, ci_python: Path) -> Path:
     """The run config (YAML) both launch paths use."""
-    from rollout_node.sandbox import default_image
+    from rollout_node.sandbox import bwrap_unavailable_reason
 
-    if shutil.which("bwrap") is None or not Path(default_image()).is_dir():
-        pytest.skip(f"component unavailable: bwrap or the test image {default_image()} (scripts/build_image.sh)")
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
     scratch = e2e_root / "scratch"  # node-local in real life; here every "node" is this host
     scratch.mkdir()
     shutil.chown(scratch, CI_USER)

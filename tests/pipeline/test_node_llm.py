@@ -9,7 +9,6 @@ server the inference-error row of the fault table holds on the real client.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from rollout_node.pipeline.bindings import RealTaskOps
 from rollout_node.pipeline.llm import LLMPolicy
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.sizing import Workers
-from rollout_node.sandbox import default_image
+from rollout_node.sandbox import bwrap_unavailable_reason
 
 pytestmark = pytest.mark.sandbox
 VERSION = 3
@@ -40,8 +39,8 @@ IDS = ["spoolrl__intervals-1", "spoolrl__textkit-1"]
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("bwrap") is None or not Path(default_image()).is_dir():
-        pytest.skip("component unavailable: bwrap or the test image (scripts/build_image.sh)")
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
     from train_node.infer.tiny import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))

@@ -4,7 +4,6 @@ once; SIGTERM drains (in-flight tasks go back to the spool) and the process exit
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status
-from rollout_node.sandbox import default_image
+from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
 
 pytestmark = pytest.mark.sandbox
@@ -33,10 +32,8 @@ CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/
 
 @pytest.fixture(autouse=True)
 def _need_sandbox() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("component unavailable: bwrap is not installed (apt-get install bubblewrap)")
-    if not Path(default_image()).is_dir():
-        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
 
 
 def make_run(tmp_path: Path, n_tasks: int, *overrides: str) -> tuple[RunPaths, Any, list[str]]:

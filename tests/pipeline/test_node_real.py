@@ -7,7 +7,6 @@ Slow-ish (real test runs in EVAL): the node runs in-process here; test_node_proc
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from rollout_node.pipeline.bindings import RealTaskOps
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.scripted import ScriptedPolicy
 from rollout_node.pipeline.sizing import Workers
-from rollout_node.sandbox import default_image
+from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
 
 pytestmark = pytest.mark.sandbox
@@ -35,10 +34,8 @@ CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/
 
 @pytest.fixture(autouse=True)
 def _need_sandbox() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("component unavailable: bwrap is not installed (apt-get install bubblewrap)")
-    if not Path(default_image()).is_dir():
-        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
 
 
 def make_run(tmp_path: Path, *overrides: str) -> tuple[RunPaths, Any]:

@@ -7,7 +7,6 @@ checkout does not contain the fix commit.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +49,10 @@ def make_upstream(path: Path) -> tuple[str, str, str]:
 
 @pytest.mark.sandbox
 def test_prepare_repos_then_tasks_check_with_unittest_parser(tmp_path: Path) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("component unavailable: bwrap is not installed")
-    from rollout_node.sandbox import default_image
-    if not (Path(default_image()) / ".spoolrl-image").exists():
-        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+    from rollout_node.sandbox import bwrap_unavailable_reason
+
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
     base, patch, test_patch = make_upstream(tmp_path / "upstream")
     task = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base, "patch": patch,
             "test_patch": test_patch, "problem_statement": "div(1, 0) should raise ValueError",
@@ -87,11 +85,10 @@ def test_prepare_repos_then_tasks_check_with_unittest_parser(tmp_path: Path) -> 
 @pytest.mark.sandbox
 def test_tasks_check_flags_a_wrong_task_and_exits_nonzero(tmp_path: Path) -> None:
     """A task whose gold patch does not fix the bug (here: gold = empty) is reported, exit status 1."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("component unavailable: bwrap is not installed")
-    from rollout_node.sandbox import default_image
-    if not (Path(default_image()) / ".spoolrl-image").exists():
-        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+    from rollout_node.sandbox import bwrap_unavailable_reason
+
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
     task = load_tasks("builtin")[0].to_dict()
     task["patch"] = task["test_patch"]  # a "gold" patch that only adds the tests: it fixes nothing
     task["PASS_TO_PASS"] = task["PASS_TO_PASS"] + task["FAIL_TO_PASS"]  # a "P2P" test that fails at base

@@ -4,7 +4,6 @@ tampering scores 0 (and each tamper is shown to work against a naive harness), f
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -27,11 +26,10 @@ pytestmark = pytest.mark.sandbox
 
 
 def _image_or_skip() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("component unavailable: bwrap is not installed (apt-get install bubblewrap)")
-    from rollout_node.sandbox import default_image
-    if not (Path(default_image()) / ".spoolrl-image").exists():
-        pytest.skip(f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)")
+    from rollout_node.sandbox import bwrap_unavailable_reason
+
+    if why := bwrap_unavailable_reason():
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +163,7 @@ def test_tampering_scores_zero(env: dict[str, Path], name: str, monkeypatch: pyt
 
 def test_a_real_fix_still_scores_1_when_the_agent_also_edits_tests(env: dict[str, Path]) -> None:
     task = task_named("spoolrl__intervals-4")
+    # the agent appends trivial tests of its own: the harness resets them, the fix alone must carry the reward
     act = _write({"tests/test_intervals.py": "\n\ndef test_mine():\n    assert True\n",
                   "tests/test_extra.py": "def test_extra():\n    assert True\n"})
     diff = task.patch + agent_diff(env, task, "fix-and-tests", act)
