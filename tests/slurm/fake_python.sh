@@ -13,9 +13,11 @@ if [ "$verb" = init ]; then
 fi
 role=${verb%-node}
 tag="$role-${SLURMD_NODENAME:-none}-${SLURM_PROCID:-0}-j${SLURM_JOB_ID:-0}-r${SLURM_RESTART_COUNT:-0}"
-env | grep -E '^(SLURM|SLURMD|CUDA_VISIBLE|SPOOLRL|APPTAINER_CONTAINER)' | sort >"$fake/$tag.env"
+# Traps first, then the env file (written whole, by rename): a test that sees the file may signal at once.
 trap 'echo USR1 >>"$fake/$tag.signals"; exit 0' USR1
 trap 'echo TERM >>"$fake/$tag.signals"; exit 0' TERM
+env | grep -E '^(SLURM|SLURMD|CUDA_VISIBLE|SPOOLRL|APPTAINER_CONTAINER)' | sort >"$fake/.$tag.env.tmp"
+mv -f "$fake/.$tag.env.tmp" "$fake/$tag.env"
 read -r secs status 2>/dev/null <"$fake/$role.plan" || { secs=600; status=0; }
 echo "started $tag plan=$secs/$status"
 sleep "$secs" &
