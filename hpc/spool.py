@@ -76,7 +76,15 @@ from hpc.lease import (
     visible,
 )
 from hpc.paths import RunPaths
-from hpc.shard import SUFFIX, ShardWriter, decode_table, shard_count, table_trajectories, writer_session
+from hpc.shard import (
+    SUFFIX,
+    ShardWriter,
+    decode_table,
+    read_shard_bytes,
+    shard_count,
+    table_trajectories,
+    writer_session,
+)
 from hpc.trajectory import Trajectory
 
 __all__ = ["Shard", "Spool", "TaskLease"]
@@ -292,7 +300,7 @@ class Spool:
     def _open(self, consumer_id: str, path: Path) -> Shard | None:
         shard_id = path.name[: -len(SUFFIX)]
         try:
-            table = decode_table(path.read_bytes(), str(path))
+            table = decode_table(read_shard_bytes(path), str(path))
         except CorruptShardError as exc:
             self._quarantine(path, str(exc), consumer_id)
             return None
@@ -396,7 +404,7 @@ class Spool:
         info = self._infos.pop(shard_id, None)
         if info is None:  # claimed before a restart: recompute (same deterministic rule, shard order)
             try:
-                table = decode_table((self.committed / f"{shard_id}{SUFFIX}").read_bytes(), shard_id)
+                table = decode_table(read_shard_bytes(self.committed / f"{shard_id}{SUFFIX}"), shard_id)
                 info = self._dedup(shard_id, table)[1]
             except (CorruptShardError, OSError) as exc:
                 info = {"owners": {}, "dropped": [], "count": shard_count(shard_id), "error": str(exc)}

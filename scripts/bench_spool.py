@@ -6,8 +6,9 @@ under the current directory so it lands on the disk a run directory would use):
 
 1. Throughput: N writer processes and M reader processes move 4,096-token trajectories through
    the spool (writers seal shards, readers claim, decode every trajectory, commit), against N
-   processes writing the same number of bytes per shard with one fsync per shard (raw). Runs
-   alternate raw/spool ``--reps`` times; the medians are compared.
+   processes writing the same number of bytes per shard with one fsync per shard (raw). Each
+   process builds its input first; the clock and the CPU count start at a shared start line.
+   Runs alternate raw/spool ``--reps`` times; the medians are compared.
 2. Metadata system calls, counted with ``strace -f``: per trajectory through the whole pipeline
    (creates, renames, unlinks, links, mkdirs = metadata-changing; plus opens, stats, getdents),
    and per idle consumer per second (``wait_for_shards`` on an empty spool).
@@ -28,7 +29,6 @@ import multiprocessing
 import os
 import random
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -78,43 +78,72 @@ def build_groups(wid: str, groups: int) -> list[list[Trajectory]]:
     return [make_group(f"{wid}-{g}", rng) for g in range(groups)]
 
 
-def spool_writer(run: str, wid: str, groups: list[list[Trajectory]], config: SpoolConfig) -> None:
+class Start:
+    """A start line for one pass: each process prepares (builds its input, opens the spool) before
+    the barrier, the parent times from the barrier to the last exit, and each process reports the
+    CPU it used after the barrier. Forking a parent that holds the data would time page-table
+    copies and copy-on-write faults of the benchmark instead of the spool."""
+
+    def __init__(self, processes: int) -> None:
+        self.barrier = CTX.Barrier(processes + 1)
+        self.cpu = CTX.Value("d", 0.0)
+
+    def go(self) -> float:
+        self.barrier.wait()
+        return time.process_time()
+
+    def done(self, cpu0: float) -> None:
+        with self.cpu.get_lock():
+            self.cpu.value += time.process_time() - cpu0
+
+
+def spool_writer(run: str, wid: str, groups: int, config: SpoolConfig, start: Start) -> None:
+    data = build_groups(wid, groups)
     with Spool(run, config).writer(wid) as writer:
-        for group in groups:
+        cpu0 = start.go()
+        for group in data:
             writer.add_group(group)
+    start.done(cpu0)
 
 
-def spool_reader(run: str, rid: str, total: int, config: SpoolConfig, counter: Any) -> None:
+def spool_reader(run: str, rid: str, total: int, config: SpoolConfig, counter: Any, start: Start) -> None:
     spool = Spool(run, config)
+    cpu0 = start.go()
     while True:
         with counter.get_lock():
             if counter.value >= total:
-                return
+                break
         shards = spool.claim_shards(rid, 4)
         if not shards:
             time.sleep(0.02)  # a busy reader: throughput, not idle cost, is measured here
             continue
-        n = sum(len(s) for s in shards)  # claimed, verified (sha256), decoded (Arrow), deduplicated
+        n = sum(len(s) for s in shards)  # claimed, verified (XXH3), decoded (Arrow), deduplicated
         spool.commit(rid, [s.shard_id for s in shards])
         with counter.get_lock():
             counter.value += n
+    start.done(cpu0)
 
 
-def raw_writer(path: str, shards: int, shard_bytes: int) -> None:
+def raw_writer(path: str, shards: int, shard_bytes: int, start: Start) -> None:
     chunk = os.urandom(min(shard_bytes, 1 << 20))
     with open(path, "wb") as f:
+        cpu0 = start.go()
         for _ in range(shards):
             left = shard_bytes
             while left > 0:
                 left -= f.write(chunk[: min(left, len(chunk))])
             f.flush()
             os.fsync(f.fileno())
+    start.done(cpu0)
 
 
-def _run_all(procs: list[Any]) -> float:
-    t0 = time.perf_counter()
+def _run_all(procs: list[Any], start: Start | None = None) -> float:
+    """Seconds from the start line (or from the first start) until every process has ended."""
     for p in procs:
         p.start()
+    if start is not None:
+        start.barrier.wait()
+    t0 = time.perf_counter()
     for p in procs:
         p.join()
         assert p.exitcode == 0, f"a benchmark process failed (exit {p.exitcode})"
@@ -124,57 +153,55 @@ def _run_all(procs: list[Any]) -> float:
 # ------------------------------------------------------------------------------------ phases
 
 
-def setup_spool(base: Path, args: argparse.Namespace, config: SpoolConfig) -> tuple[Path, list[Any]]:
+def setup_spool(base: Path, args: argparse.Namespace, config: SpoolConfig) -> tuple[Path, list[Any], Start]:
     """A fresh run dir and the (not yet started) writer and reader processes of one pass."""
     run = Path(tempfile.mkdtemp(dir=base, prefix="spool-"))
     Spool(run, config)
     groups = args.trajectories // GROUP // args.writers
     total = groups * GROUP * args.writers
     counter = CTX.Value("q", 0)
-    data = {f"w{i}": build_groups(f"w{i}", groups) for i in range(args.writers)}  # fork: shared, not pickled
-    procs = [CTX.Process(target=spool_writer, args=(str(run), wid, g, config)) for wid, g in data.items()]
-    procs += [CTX.Process(target=spool_reader, args=(str(run), f"r{i}", total, config, counter))
+    start = Start(args.writers + args.readers)
+    procs = [CTX.Process(target=spool_writer, args=(str(run), f"w{i}", groups, config, start))
+             for i in range(args.writers)]
+    procs += [CTX.Process(target=spool_reader, args=(str(run), f"r{i}", total, config, counter, start))
               for i in range(args.readers)]
-    return run, procs
+    return run, procs, start
 
 
-def phase_spool(base: Path, args: argparse.Namespace, config: SpoolConfig) -> tuple[float, int, int]:
-    """(seconds, bytes of shards, shards) for one pass of the whole pipeline."""
-    run, procs = setup_spool(base, args, config)
-    seconds = _run_all(procs)
+def phase_spool(base: Path, args: argparse.Namespace, config: SpoolConfig) -> tuple[float, float, int, int]:
+    """(seconds, CPU seconds, bytes of shards, shards) for one pass of the whole pipeline."""
+    run, procs, start = setup_spool(base, args, config)
+    seconds = _run_all(procs, start)
     files = list((run / "spool" / "shards" / "committed").iterdir())
     size = sum(f.stat().st_size for f in files)
     shutil.rmtree(run)
-    return seconds, size, len(files)
+    return seconds, start.cpu.value, size, len(files)
 
 
-def phase_raw(base: Path, args: argparse.Namespace, shard_bytes: int, shards: int) -> float:
+def phase_raw(base: Path, args: argparse.Namespace, shard_bytes: int, shards: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) to write ``shards`` x ``shard_bytes`` raw, scaled to exactly that many."""
     d = Path(tempfile.mkdtemp(dir=base, prefix="raw-"))
     per = shards // args.writers
-    procs = [CTX.Process(target=raw_writer, args=(str(d / f"w{i}"), per, shard_bytes)) for i in range(args.writers)]
-    seconds = _run_all(procs)
+    start = Start(args.writers)
+    procs = [CTX.Process(target=raw_writer, args=(str(d / f"w{i}"), per, shard_bytes, start))
+             for i in range(args.writers)]
+    seconds = _run_all(procs, start)
     shutil.rmtree(d)
-    return seconds * shards / (per * args.writers)
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    scale = shards / (per * args.writers)
+    return seconds * scale, start.cpu.value * scale
 
 
 def throughput(base: Path, args: argparse.Namespace, config: SpoolConfig) -> dict[str, Any]:
     spool_rates, raw_rates, traj_rates, spool_cpu, raw_cpu = [], [], [], [], []
     for _ in range(args.reps):
-        cpu0 = _children_cpu_s()
-        seconds, size, shards = phase_spool(base, args, config)
-        cpu1 = _children_cpu_s()
+        seconds, cpu, size, shards = phase_spool(base, args, config)
         trajs = args.trajectories // GROUP // args.writers * GROUP * args.writers
         spool_rates.append(size / seconds / 1e6)
         traj_rates.append(trajs / seconds)
-        raw_s = phase_raw(base, args, size // shards, shards)
+        raw_s, raw_cpu_s = phase_raw(base, args, size // shards, shards)
         raw_rates.append(size / raw_s / 1e6)
-        spool_cpu.append((cpu1 - cpu0) / (size / 1e6) * 1e3)
-        raw_cpu.append((_children_cpu_s() - cpu1) / (size / 1e6) * 1e3)
+        spool_cpu.append(cpu / (size / 1e6) * 1e3)
+        raw_cpu.append(raw_cpu_s / (size / 1e6) * 1e3)
     spool_mb, raw_mb = statistics.median(spool_rates), statistics.median(raw_rates)
     return {"trajectories_per_s": statistics.median(traj_rates), "spool_mb_s": spool_mb, "raw_mb_s": raw_mb,
             "ratio": spool_mb / raw_mb, "spool_runs_mb_s": spool_rates, "raw_runs_mb_s": raw_rates,
@@ -200,9 +227,13 @@ def traced_pipeline(base: str, trajectories: int) -> None:
     for shard in spool.claim_shards("warm", 1):
         list(shard.trajectories())
     shutil.rmtree(warm)
-    _run, procs = setup_spool(Path(base), args, config)
-    _marker(MARK_START)
-    _run_all(procs)
+    _run, procs, start = setup_spool(Path(base), args, config)
+    for p in procs:
+        p.start()
+    _marker(MARK_START)  # the processes build their input first, then meet at the start line
+    start.barrier.wait()
+    for p in procs:
+        p.join()
     _marker(MARK_END)
 
 
@@ -312,10 +343,10 @@ def latency(base: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def materialise_cost() -> dict[str, float]:
     """Per-trajectory cost of ``Shard.trajectories()`` (building validated records) on one shard."""
-    from hpc.shard import decode_table, encode_rows, encode_shard, table_trajectories
+    from hpc.shard import decode_table, encode_shard, table_trajectories
 
     rng = np.random.default_rng(1)
-    header, body = encode_shard([encode_rows([t for i in range(16) for t in make_group(f"m{i}", rng)])], "m")
+    header, body = encode_shard([t for i in range(16) for t in make_group(f"m{i}", rng)], "m")
     table = decode_table(header + body.to_pybytes(), "m")
     best = float("inf")
     for _ in range(3):
@@ -344,7 +375,7 @@ def report(results: dict[str, Any]) -> bool:
     print(f"spool: {t['trajectories_per_s']:.1f} trajectories/s ({TOKENS}-token), {t['spool_mb_s']:.1f} MB/s; "
           f"raw write same bytes, fsync per shard: {t['raw_mb_s']:.1f} MB/s")
     print(f"CPU per MB moved (all processes, user+sys): spool {t['spool_cpu_ms_per_mb']:.2f} ms "
-          f"(encode, sha256 twice, decode, dedup), raw {t['raw_cpu_ms_per_mb']:.2f} ms")
+          f"(encode, XXH3 twice, decode, dedup), raw {t['raw_cpu_ms_per_mb']:.2f} ms")
     print(f"metadata per trajectory (all path/dir calls): {m.get('per_trajectory_all', float('nan')):.3f}; "
           f"pipeline counts {m.get('pipeline_counts')} (+{m.get('pipeline_creates')} O_CREAT opens)")
     print(f"idle consumer counts over the window: {m.get('idle_counts')}")
@@ -363,7 +394,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dir", default=".", help="where to benchmark (the disk under test); default: here")
     p.add_argument("--writers", type=int, default=2)
     p.add_argument("--readers", type=int, default=1)
-    p.add_argument("--trajectories", type=int, default=2048, help="per throughput pass")
+    p.add_argument("--trajectories", type=int, default=8192,
+                   help="per throughput pass (8,192 x 53 kB: long enough that start-up costs do not dominate)")
     p.add_argument("--reps", type=int, default=3, help="alternating spool/raw passes (medians compared)")
     p.add_argument("--strace-trajectories", type=int, default=1024)
     p.add_argument("--idle-seconds", type=float, default=10.0)

@@ -4,6 +4,7 @@ a writer killed mid-shard; plus polling, metrics and the spool CLI."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -12,15 +13,25 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from spool_helpers import CTX, make_group, make_traj, start
 
 import hpc.spool as spool_module
 from hpc.cli import main as cli_main
 from hpc.config.spool import SpoolConfig
-from hpc.errors import SpoolError
+from hpc.errors import CorruptShardError, SpoolError
 from hpc.metrics import MetricsWriter, read_metrics
-from hpc.shard import SUFFIX
+from hpc.shard import (
+    FORMAT_VERSION,
+    HEADER,
+    MAGIC,
+    SHA256_FORMAT,
+    SUFFIX,
+    decode_table,
+    encode_shard,
+    table_trajectories,
+)
 from hpc.spool import Spool
 
 
@@ -51,6 +62,42 @@ def test_corrupt_and_truncated_shards_are_quarantined(tmp_path: Path) -> None:
     stats = spool.stats()
     assert stats["shards_quarantined"] == 3 and stats["corrupt_detected_here"] == 3
     assert stats["trajectories_quarantined"] == 2 + 2 + 3  # from the shard ids
+
+
+def test_format1_sha256_shards_stay_readable_and_checked(tmp_path: Path) -> None:
+    """Shards sealed before XXH3 (format 1, sha256 digest) decode; a flipped byte is still caught."""
+    header, body = encode_shard(make_group("old", 3), "old-writer")
+    raw = memoryview(body).tobytes()
+    old = HEADER.pack(MAGIC, SHA256_FORMAT, HEADER.size, 0, len(raw), hashlib.sha256(raw).digest())
+    assert len(list(table_trajectories(decode_table(old + raw, "v1"), "v1"))) == 3
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 1
+    with pytest.raises(CorruptShardError, match="checksum mismatch"):
+        decode_table(old + bytes(flipped), "v1")
+    newer = HEADER.pack(MAGIC, FORMAT_VERSION + 1, HEADER.size, 0, len(raw), b"\0" * 32)
+    with pytest.raises(CorruptShardError, match="newer than this spoolrl"):
+        decode_table(newer + raw, "v3")
+    assert decode_table(header + raw, "v2").num_rows == 3
+
+
+def test_reused_encoder_buffers_never_leak_into_a_published_shard(tmp_path: Path) -> None:
+    """The writer encodes every shard into the same buffers: shards of shrinking and growing size,
+    written back to back, each decode to exactly their own trajectories."""
+    spool = Spool(tmp_path)
+    sizes = [6, 2, 9, 1, 4]
+    with spool.writer("w") as writer:
+        for i, n in enumerate(sizes):
+            writer.add_group([make_traj(f"t{i}", k, n_tokens=500 * (i + 1) - 37 * k) for k in range(n)])
+            writer.flush()
+    spool.fence("c")
+    got = {t.trajectory_id: t for s in spool.claim_shards("c", 10) for t in s.trajectories()}
+    assert len(got) == sum(sizes)
+    for i, n in enumerate(sizes):
+        for k in range(n):
+            want = make_traj(f"t{i}", k, n_tokens=500 * (i + 1) - 37 * k)
+            have = got[want.trajectory_id]
+            for name in ("token_ids", "loss_mask", "logprobs", "policy_versions"):
+                assert np.array_equal(getattr(have, name), getattr(want, name)), (want.trajectory_id, name)
 
 
 def test_injected_quota_error_is_clear_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
