@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from hpc.config.sandbox import SandboxConfig
 from rollout_node.sandbox import open_sandbox
+from rollout_node.sandbox.limits import descendants
 from rollout_node.sandbox.sandbox import Sandbox
 
 RUNTIME: Any = sys.argv[1] if len(sys.argv) > 1 else "bwrap"
@@ -147,6 +148,14 @@ def check_env_secret() -> str:
 @check(isolated_only=True)
 def check_fork_bomb() -> str:
     with sandbox() as sb:
+        capped = ""
+        if sb.cgroup.path is not None:  # root: the kernel-enforced cap must hold every sandbox process
+            sb.run("sleep 60 >/dev/null &")
+            assert sb.shell.pid is not None
+            tree = {sb.shell.pid, *descendants([sb.shell.pid])}
+            inside = {int(p) for p in (sb.cgroup.path / "cgroup.procs").read_text().split()}
+            assert tree <= inside, f"sandbox processes outside its pids cgroup: {sorted(tree - inside)}"
+            capped = f"; all {len(tree)} processes in its pids cgroup (max {(sb.cgroup.path / 'pids.max').read_text().strip()})"
         r = sb.run(":(){ :|:& };:; sleep 30", timeout_s=15)
         if "watchdog" not in r.output:
             # `sleep` itself may fail to fork under the process cap and the command return first;
@@ -157,7 +166,7 @@ def check_fork_bomb() -> str:
     assert after.output == "alive\n", after
     assert "watchdog" in r.output and "processes" in r.output and not r.timed_out, r
     assert pid is None or not processes_matching(":|:"), "fork bomb processes survived close()"
-    return f"killed by the watchdog after {r.duration_s:.2f} s, shell usable again"
+    return f"killed by the watchdog after {r.duration_s:.2f} s, shell usable again{capped}"
 
 
 @check()
