@@ -23,7 +23,13 @@ so the CPUs stay with INIT and EVAL, as on a rollout node whose LLM is on GPU no
 
 INIT on a cluster reads the repository (and, on first use, the image) from a shared filesystem;
 ``--init-io-s`` adds that latency to every INIT (a sleep; 0 disables it; the local git checkout
-itself is real).
+itself is real). The shared filesystem cannot exist on one machine, so this sleep stands in for it
+(a named fake). Its default, 3 s, is below what staging one 1.1 GB image into a cold node cache took
+on this machine's *local* disk (5.1-8.1 s, ``scripts/bench_tools.py --only init``), and task sets
+in the SWE-bench format carry one image per instance, so cold stagings are the normal case. With a
+purely local INIT the pipeline can gain at most (INIT + RUN + EVAL) / (RUN + EVAL) over the
+monolithic loop (the sandbox budget is the same, only INIT leaves the sandbox): the script prints
+that ceiling next to the measured ratio.
 
 Figures: per-stage p50/p95 (INIT, RUN, EVAL) first, then episodes/min of both variants (steady
 state: over the middle half of the completions, which leaves out filling and draining the
@@ -132,9 +138,9 @@ class BenchOps(RealTaskOps):
 
     init_io_s = 0.0
 
-    def prepare(self, task: Any, workdir: Path) -> None:
+    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None:
         time.sleep(self.init_io_s)
-        super().prepare(task, workdir)
+        super().prepare(task, workdir, timeout_s)
 
 
 # ----------------------------------------------------------------------------------------- part 1
@@ -261,8 +267,9 @@ def part1(args: argparse.Namespace) -> None:
     print(f"  monolithic: {rate_m:6.1f} episodes/min steady ({e2e_m:.1f} end to end, {mono['wall_s']:.1f} s)")
     print(f"  pipeline:   {rate_p:6.1f} episodes/min steady ({e2e_p:.1f} end to end, {pipe['wall_s']:.1f} s; "
           f"workers init={w.init} run={w.run} eval={w.eval})")
+    ceiling = sum(mean for _p50, _p95, mean in stats.values()) / (stats["run"][2] + stats["eval"][2])
     print(f"  ratio pipeline/monolithic: {rate_p / rate_m:.2f}x steady, {e2e_p / e2e_m:.2f}x end to end "
-          "(target >= 1.5x)")
+          f"(target >= 1.5x; ceiling with the same sandbox budget (INIT+RUN+EVAL)/(RUN+EVAL) = {ceiling:.2f}x)")
     print(f"  pipeline / bound ({bound_stage}, {bound:.1f}/min): {rate_p / bound:.0%} (target >= 85%)")
 
 

@@ -38,7 +38,7 @@ class TaskOps(Protocol):
 
     def stage_image(self, image: str) -> None: ...
 
-    def prepare(self, task: Any, workdir: Path) -> None: ...
+    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None: ...
 
     def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]: ...
 
@@ -129,11 +129,11 @@ class RealTaskOps:
 
         self._image_cache().stage(image or default_image()).release()
 
-    def prepare(self, task: Any, workdir: Path) -> None:
+    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None:
         from rollout_node.tasks import prepare_workdir
 
         self._ensure_repos()
-        prepare_workdir(task, workdir, self.repo_cache)
+        prepare_workdir(task, workdir, self.repo_cache, timeout_s)
 
     def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]:
         from rollout_node.sandbox import open_sandbox

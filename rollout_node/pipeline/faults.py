@@ -25,7 +25,7 @@ node restart (SIGKILL)        the lease expires, any node reclaims   as the reru
 Details:
 - *sandbox crash*: ``open_sandbox`` fails or the sandbox dies under the agent
   (:class:`~hpc.errors.SandboxError`). *INIT failure*: the image or the repository at base commit
-  cannot be prepared, or INIT ran past ``init_timeout_s``.
+  cannot be prepared, or INIT ran past ``init_timeout_s`` (a hung checkout is killed at that limit).
 - *tool hang*: one command past ``sandbox.command_timeout_s`` is a tool result, not a fault
   (STYLE.md 9). Only the whole episode running past ``run_timeout_s`` (time inside RUN, not queued)
   is the agent's timeout; it is trainable, scored on the diff it left.

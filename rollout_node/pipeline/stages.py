@@ -56,7 +56,8 @@ class Stages:
         shutil.rmtree(ep.workdir, ignore_errors=True)
         try:
             self.ops.stage_image(ep.group.image)
-            self.ops.prepare(ep.group.task, ep.workdir)
+            # the checkout is cut at the stage's limit (a hung git on a stalled filesystem is killed)
+            self.ops.prepare(ep.group.task, ep.workdir, max(0.0, self.rollout.init_timeout_s - ep.in_stage_s()))
         except Exception as exc:  # noqa: BLE001 - any failure to prepare is an INIT failure
             remove_workdir(ep)
             return StageResult(Fault.INIT_FAILURE, f"{type(exc).__name__}: {exc}")

@@ -19,10 +19,13 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,15 +52,42 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_git(args: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, input: bytes | None = None,
-            env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    """Run git with hooks and fsmonitor off; raise SpoolrlError with git's message when ``check``."""
+            env: dict[str, str] | None = None, check: bool = True,
+            deadline: float | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run git with hooks and fsmonitor off; raise SpoolrlError with git's message when ``check``.
+
+    ``deadline`` (``time.monotonic()``): past it git and every process it started are killed and
+    SpoolrlError says so - a checkout stalled on a shared filesystem must not hold an INIT worker.
+    """
     argv = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.autocrlf=false",
             *map(str, args)]
-    proc = subprocess.run(argv, cwd=cwd, input=input, capture_output=True, env=git_env(env), check=False)
+    if deadline is None:
+        proc = subprocess.run(argv, cwd=cwd, input=input, capture_output=True, env=git_env(env), check=False)
+    else:
+        proc = _run_until(argv, deadline, cwd=cwd, input=input, env=git_env(env))
     if check and proc.returncode != 0:
         msg = proc.stderr.decode(errors="replace").strip()
         raise SpoolrlError(f"git {' '.join(map(str, args[:3]))} failed (exit {proc.returncode}): {msg}")
     return proc
+
+
+def _run_until(argv: list[str], deadline: float, *, cwd: Path | None, input: bytes | None,
+               env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """subprocess.run with a deadline that kills the whole process group (git fetch starts upload-pack)."""
+    what, left = "git " + " ".join(argv[7:10]), deadline - time.monotonic()
+    if left <= 0:
+        raise SpoolrlError(f"no time left to run {what} (the stage's time limit has passed)")
+    with subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=left)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise SpoolrlError(f"{what} was still running at the stage's time limit "
+                               f"({left:.1f} s left when it started) and was killed: a stalled filesystem?") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def git_out(args: Sequence[str | os.PathLike[str]], **kwargs: object) -> str:
@@ -139,23 +169,27 @@ def ensure_mirror(cache_dir: Path, repo: str, src: Path) -> tuple[Path, str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare_workdir(task: TaskInstance, workdir: Path, repo_cache: Path) -> None:
-    """Check out the task's ``base_commit`` into the empty or new ``workdir`` with a one-commit history."""
+def prepare_workdir(task: TaskInstance, workdir: Path, repo_cache: Path, timeout_s: float | None = None) -> None:
+    """Check out the task's ``base_commit`` into the empty or new ``workdir`` with a one-commit history.
+
+    ``timeout_s``: past it the git process running then is killed and SpoolrlError raised.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     task_repo, base_commit = task.repo, task.base_commit
     mirror = find_mirror(repo_cache, task_repo)
     workdir.mkdir(parents=True, exist_ok=True)
     if any(workdir.iterdir()):
         raise UsageError(f"{workdir}: the work dir must be empty to prepare a task checkout")
-    run_git(["init", "-q", "--template=", "-b", "main", workdir])
+    run_git(["init", "-q", "--template=", "-b", "main", workdir], deadline=deadline)
     fetched = run_git(["-C", workdir, "fetch", "-q", "--depth=1", "--no-tags", mirror.absolute(), base_commit],
-                      check=False)
+                      check=False, deadline=deadline)
     if fetched.returncode != 0:
         raise UsageError(f"commit {base_commit} of {task_repo} is not in {mirror}; refresh the repo cache "
                          f"(scripts/prepare_repos.py): {fetched.stderr.decode(errors='replace').strip()}")
-    run_git(["-C", workdir, "reset", "-q", "--hard", base_commit])
+    run_git(["-C", workdir, "reset", "-q", "--hard", base_commit], deadline=deadline)
     (workdir / ".git" / "FETCH_HEAD").unlink(missing_ok=True)  # names the host path of the mirror
-    run_git(["-C", workdir, "config", "user.name", "agent"])
-    run_git(["-C", workdir, "config", "user.email", "agent@spoolrl.invalid"])
+    run_git(["-C", workdir, "config", "user.name", "agent"], deadline=deadline)
+    run_git(["-C", workdir, "config", "user.email", "agent@spoolrl.invalid"], deadline=deadline)
     (workdir / ".git" / "info").mkdir(exist_ok=True)
     (workdir / ".git" / "info" / "exclude").write_text("\n".join(JUNK_PATTERNS) + "\n")
 

@@ -100,7 +100,7 @@ class FakeOps:
         if image == "missing-image":
             raise SandboxError(f"image {image!r} not found")
 
-    def prepare(self, task: Any, workdir: Path) -> None:
+    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None:
         with self.lock:
             self.prepared.append(task.instance_id)
         if task.instance_id in self.fail_prepare:

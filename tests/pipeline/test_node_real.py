@@ -7,6 +7,8 @@ Slow-ish (real test runs in EVAL): the node runs in-process here; test_node_proc
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
 from rollout_node.pipeline.bindings import RealTaskOps
+from rollout_node.pipeline.control import request_cancel
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.scripted import ScriptedPolicy
 from rollout_node.pipeline.sizing import Workers
@@ -126,3 +129,65 @@ def test_fault_table_rows_on_real_sandboxes_and_harness(tmp_path: Path) -> None:
     assert got["harness"].metrics["eval_tries"] == 2, "a harness error reruns EVAL (same diff) max_retries times"
     assert [t.trainable for t in got.values()] == [s.trainable for s, _, _ in (expect[k] for k in got)]
     assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
+
+
+def _sandbox_processes(under: Path) -> list[str]:
+    """Command lines of live processes started for a sandbox under ``under`` (bwrap argv names it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(under) in cmd and "pytest" not in cmd:
+            found.append(cmd[:200])
+    return found
+
+
+def test_cancel_by_task_on_real_sandboxes(tmp_path: Path) -> None:
+    """A cancel marker stops a running episode in its real bwrap sandbox: the group is written as
+    cancelled (excluded from training), the other task scores, and no sandbox process is left."""
+    iid = load_tasks("builtin")[0].instance_id
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=victim@e0=slow;*=gold", "algorithm.group_size=2",
+                          "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=60")
+    refs = [{**ref, "task_id": name} for ref, name in zip(by_reference([iid, iid], 2), ("victim@e0", "other@e0"),
+                                                           strict=True)]
+    Spool(paths.root, cfg.spool).put_tasks(refs)
+    threading.Timer(3.0, lambda: request_cancel(paths, "victim@e0")).start()
+    t0 = time.monotonic()
+    run_node(paths, cfg, tmp_path)
+    assert time.monotonic() - t0 < 45, "the cancelled episode ran on instead of stopping"
+    groups = written(paths, cfg)
+    assert [t.status for t in groups["victim@e0"]] == [Status.CANCELLED] * 2
+    assert all(t.reward is None and not t.trainable for t in groups["victim@e0"])
+    assert [t.reward for t in groups["other@e0"]] == [1.0, 1.0]
+    assert _sandbox_processes(tmp_path) == []
+    assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
+
+
+def test_stale_episode_on_real_sandboxes_is_restarted_then_cancelled(tmp_path: Path) -> None:
+    """The policy moves on while an episode runs in a real sandbox: past max_staleness it is restarted
+    once (a fresh sandbox), then cancelled; nothing of either sandbox survives."""
+    iid = load_tasks("builtin")[0].instance_id
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.max_staleness=1",
+                          "algorithm.group_size=1", "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=60")
+    Spool(paths.root, cfg.spool).put_tasks(by_reference([iid], 1))
+    stop = threading.Event()
+
+    def bump() -> None:
+        for v in range(1, 200):
+            if stop.wait(0.3):
+                return
+            paths.policy_latest.write_text(f"{v}\n")
+
+    threading.Thread(target=bump, daemon=True).start()
+    try:
+        run_node(paths, cfg, tmp_path)
+    finally:
+        stop.set()
+    (t,) = written(paths, cfg)[f"{iid}@e0"]
+    assert t.status == Status.CANCELLED and t.reward is None
+    assert t.metrics["sample_attempt"] == 1, "restarted once before being cancelled"
+    assert _sandbox_processes(tmp_path) == []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from hpc.errors import UsageError
+from hpc.errors import SpoolrlError, UsageError
 from rollout_node.tasks import collect_diff, ensure_builtin_repos, find_mirror, load_tasks, prepare_workdir
 from rollout_node.tasks.builtin import TASKS_JSONL, builtin_commits, generate
 from rollout_node.tasks.repos import run_git
@@ -107,3 +109,30 @@ def test_run_repo_cache_defaults_to_run_repos(tmp_path: Path) -> None:
     assert run_repo_cache(TasksConfig(repo_cache=str(tmp_path / "elsewhere"), source="x.jsonl"), tmp_path) \
         == tmp_path / "elsewhere"
     assert not (tmp_path / "elsewhere").exists()  # only built-in sources are materialised
+
+
+def test_prepare_workdir_on_a_stalled_filesystem_is_cut_at_its_time_limit(tmp_path: Path) -> None:
+    """A mirror with a file that never answers (a FIFO with no writer as its objects/info/alternates:
+    what a read from a hung shared filesystem looks like to git) makes the checkout hang; the time
+    limit kills git and its children and says so, instead of holding an INIT worker forever."""
+    cache = tmp_path / "cache"
+    ensure_builtin_repos(cache)
+    task = load_tasks("builtin")[0]
+    mirror = find_mirror(cache, task.repo)
+    (mirror / "objects" / "info").mkdir(exist_ok=True)
+    os.mkfifo(mirror / "objects" / "info" / "alternates")
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    with pytest.raises(SpoolrlError, match="time limit"):
+        prepare_workdir(task, work, cache, timeout_s=2.0)
+    assert time.monotonic() - t0 < 10
+    time.sleep(0.2)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_mentions(p, str(work))]
+    assert left == [], "git processes survived the time limit"
+
+
+def _cmdline_mentions(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
