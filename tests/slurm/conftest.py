@@ -72,3 +72,4 @@ def run_dir(ci_user: str) -> Iterator[Path]:
     for name in ("spoolrl-test", "spoolrl-test-train", "spoolrl-test-infer", "spoolrl-test-rollout"):
         subprocess.run(["scancel", f"--name={name}", f"--user={CI_USER}", "--quiet"], capture_output=True)
     shutil.rmtree(path, ignore_errors=True)
+    path.with_name(f"{path.name}.yaml").unlink(missing_ok=True)  # the CLI test's config sits beside it
