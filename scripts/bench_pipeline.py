@@ -27,9 +27,8 @@ itself is real). The shared filesystem cannot exist on one machine, so this slee
 (a named fake). Its default, 3 s, is below what staging one 1.1 GB image into a cold node cache took
 on this machine's *local* disk (5.1-8.1 s, ``scripts/bench_tools.py --only init``), and task sets
 in the SWE-bench format carry one image per instance, so cold stagings are the normal case. With a
-purely local INIT the pipeline can gain at most (INIT + RUN + EVAL) / (RUN + EVAL) over the
-monolithic loop (the sandbox budget is the same, only INIT leaves the sandbox): the script prints
-that ceiling next to the measured ratio.
+purely local INIT there is little to gain: the sandbox budget is the same in both variants and INIT
+is the only stage that holds no sandbox (measured: 1.22x steady with ``--init-io-s 0``).
 
 Figures: per-stage p50/p95 (INIT, RUN, EVAL) first, then episodes/min of both variants (steady
 state: over the middle half of the completions, which leaves out filling and draining the
@@ -267,9 +266,8 @@ def part1(args: argparse.Namespace) -> None:
     print(f"  monolithic: {rate_m:6.1f} episodes/min steady ({e2e_m:.1f} end to end, {mono['wall_s']:.1f} s)")
     print(f"  pipeline:   {rate_p:6.1f} episodes/min steady ({e2e_p:.1f} end to end, {pipe['wall_s']:.1f} s; "
           f"workers init={w.init} run={w.run} eval={w.eval})")
-    ceiling = sum(mean for _p50, _p95, mean in stats.values()) / (stats["run"][2] + stats["eval"][2])
     print(f"  ratio pipeline/monolithic: {rate_p / rate_m:.2f}x steady, {e2e_p / e2e_m:.2f}x end to end "
-          f"(target >= 1.5x; ceiling with the same sandbox budget (INIT+RUN+EVAL)/(RUN+EVAL) = {ceiling:.2f}x)")
+          "(target >= 1.5x)")
     print(f"  pipeline / bound ({bound_stage}, {bound:.1f}/min): {rate_p / bound:.0%} (target >= 85%)")
 
 
