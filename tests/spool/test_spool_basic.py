@@ -104,6 +104,7 @@ def test_groups_are_never_split_and_round_trip(tmp_path: Path) -> None:
         for name in ("token_ids", "loss_mask", "logprobs", "policy_versions"):
             assert np.array_equal(getattr(back, name), getattr(orig, name))
             assert getattr(back, name).dtype == getattr(orig, name).dtype
+            assert not getattr(back, name).flags.writeable, "records from a shard are frozen like constructed ones"
 
 
 def test_fields_survive_and_shard_is_self_describing(tmp_path: Path) -> None:

@@ -10,10 +10,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from spool_helpers import CTX, make_group, make_traj, start
 
@@ -28,7 +29,9 @@ from hpc.shard import (
     MAGIC,
     SHA256_FORMAT,
     SUFFIX,
+    _digest,
     decode_table,
+    encode_rows,
     encode_shard,
     table_trajectories,
 )
@@ -78,6 +81,65 @@ def test_format1_sha256_shards_stay_readable_and_checked(tmp_path: Path) -> None
     with pytest.raises(CorruptShardError, match="newer than this spoolrl"):
         decode_table(newer + raw, "v3")
     assert decode_table(header + raw, "v2").num_rows == 3
+
+
+def _row1_value(name: str, pos: int, value: float) -> Callable[[dict[str, pa.Array]], None]:
+    """A mutation of one token of row 1 (rows are 32 tokens: 8 prompt, 24 generated)."""
+    def mutate(cols: dict[str, pa.Array]) -> None:
+        col = cols[name]
+        values = col.values.to_numpy(zero_copy_only=False).copy()
+        values[32 + pos] = value
+        cols[name] = pa.ListArray.from_arrays(col.offsets, pa.array(values, type=col.type.value_type))
+    return mutate
+
+
+def _row1_scalar(name: str, value: object) -> Callable[[dict[str, pa.Array]], None]:
+    def mutate(cols: dict[str, pa.Array]) -> None:
+        values = cols[name].to_pylist()
+        values[1] = value
+        cols[name] = pa.array(values, type=cols[name].type)
+    return mutate
+
+
+def _shorter_row1(cols: dict[str, pa.Array]) -> None:
+    col = cols["logprobs"]
+    cols["logprobs"] = pa.ListArray.from_arrays(pa.array([0, 32, 63, 96], pa.int32()), col.values)
+
+
+BAD_ROWS = {
+    "loss_mask values must be 0 or 1": _row1_value("loss_mask", 10, 2),
+    "token IDs must be >= 0": _row1_value("token_ids", 3, -1),
+    "logprobs must be 0 where loss_mask is 0": _row1_value("logprobs", 2, -0.5),
+    "finite and <= 0": _row1_value("logprobs", 20, 0.5),
+    "finite and <= 0 (nan)": _row1_value("logprobs", 20, float("nan")),
+    "policy_versions": _row1_value("policy_versions", 2, 5),
+    "differ in length": _shorter_row1,
+    "unknown status": _row1_scalar("status", "bogus"),
+    "reward must be finite": _row1_scalar("reward", float("inf")),
+    "task_id must be non-empty": _row1_scalar("task_id", ""),
+    "attempt must be >= 0": _row1_scalar("attempt", -1),
+}
+
+
+@pytest.mark.parametrize("rule", list(BAD_ROWS))
+def test_a_checksummed_shard_with_a_rule_breaking_row_is_quarantined(tmp_path: Path, rule: str) -> None:
+    """Rows are checked column-wise when a shard is decoded (not one by one when records are built):
+    a shard whose bytes are intact but whose row 1 breaks a Trajectory rule is set aside at claim
+    time with the row and the rule, and the consumer goes on."""
+    batch = encode_rows(make_group("t", 3))
+    cols = {name: batch.column(name) for name in batch.schema.names}
+    BAD_ROWS[rule](cols)
+    body = pa.BufferOutputStream()
+    with pa.ipc.new_stream(body, batch.schema) as stream:
+        stream.write_batch(pa.RecordBatch.from_arrays([cols[n] for n in batch.schema.names], schema=batch.schema))
+    data = body.getvalue().to_pybytes()
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, 0, len(data), _digest(data))
+    spool = Spool(tmp_path)
+    (spool.ready / f"0000000000001-bad-00001-n3{SUFFIX}").write_bytes(header + data)
+    spool.fence("c")
+    assert spool.claim_shards("c", 4) == []
+    (reason,) = [json.loads(p.read_text())["reason"] for p in spool.quarantine.glob("*.reason.json")]
+    assert "row 1 is not a valid trajectory" in reason and rule.split(" (")[0] in reason, reason
 
 
 def test_reused_encoder_buffers_never_leak_into_a_published_shard(tmp_path: Path) -> None:
