@@ -42,6 +42,7 @@ from rollout_node.pipeline.faults import OUTCOMES, Fault
 from rollout_node.pipeline.metrics import NodeMetrics
 from rollout_node.pipeline.policy import Policy
 from rollout_node.pipeline.seeds import episode_seed
+from rollout_node.pipeline.sink import GroupSink
 from rollout_node.pipeline.sizing import Workers
 from rollout_node.pipeline.stages import Stages, remove_workdir
 
@@ -78,7 +79,6 @@ class RolloutNode:
         self.lock = threading.RLock()
         self.write_lock = threading.Lock()
         self.spool_lock = threading.Lock()  # one Spool object, used from several threads
-        self.awaiting: list[tuple[int, Group]] = []  # written, shard not yet published
         self.groups: dict[str, Group] = {}
         self.retries: collections.deque[Episode] = collections.deque()
         self.live: set[Episode] = set()
@@ -91,16 +91,14 @@ class RolloutNode:
         self.not_claiming = ""
         self._pending: tuple[float, int] = (0.0, 0)
         self._threads: list[threading.Thread] = []
-        self._writer_cm: Any = None
-        self.writer: Any = None
+        self.sink: GroupSink | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict[str, Any]:
         """Run until an exit condition holds (see ``cli.py``); returns the final metrics snapshot."""
         self._remove_dead_scratch()
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self._writer_cm = self.spool.writer(self.worker_id)
-        self.writer = self._writer_cm.__enter__()
+        self.sink = GroupSink(self.spool, self.worker_id, self._spool_call)
         log.info("rollout node %s: workers init=%d run=%d eval=%d, scratch %s", self.worker_id,
                  self.opts.workers.init, self.opts.workers.run, self.opts.workers.eval, self.scratch)
         self._start_threads()
@@ -153,16 +151,15 @@ class RolloutNode:
             leftover = list(self.groups.values())
         for group in leftover:
             self._release_group(group, "shutdown")
-        if self._writer_cm is not None:
+        if self.sink is not None:
             with self.write_lock:
-                self._writer_cm.__exit__(None, None, None)
-                self._finish_published(all_=True)
+                self.sink.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         log.info("rollout node %s stopped: %s", self.worker_id, self.metrics.snapshot())
 
     def _finished(self) -> bool:
         with self.lock:
-            busy = bool(self.groups or self.retries or self.claiming or self.awaiting)
+            busy = bool(self.groups or self.retries or self.claiming or (self.sink and self.sink.awaiting))
         if busy:
             return False
         if self.draining:
@@ -195,8 +192,9 @@ class RolloutNode:
             self._check_episode(ep, latest)
         if self.draining:
             self._drain_step(groups)
-        with self.write_lock:
-            self._finish_published()
+        if self.sink is not None:
+            with self.write_lock:
+                self.sink.finish_published()
         self._flush_idle()
 
     def _check_episode(self, ep: Episode, latest: int) -> None:
@@ -450,42 +448,23 @@ class RolloutNode:
             if group.closed:
                 return
             group.closed = True
-            trajectories = [group.results[i] for i in range(group.size)]
-            try:
-                self.writer.add_group(trajectories)
-            except Exception:  # noqa: BLE001 - e.g. disk full: the task goes back, the node goes on
-                log.exception("writing the group of %s failed; releasing the task", group.task_id)
-                self.metrics.failure("write_error")
+            assert self.sink is not None, "groups are written only while the node runs"
+            if not self.sink.write(group, [group.results[i] for i in range(group.size)]):
+                self.metrics.failure("write_error")  # e.g. disk full: the task goes back, the node goes on
                 self._release_locked(group)
                 return
-            # finish_task only once the group's shard is published: the writer buffers the open
-            # shard in memory, and a task marked done whose rows die with the process is lost.
-            self.awaiting.append((len(self.writer.published), group))
-            self._finish_published()
         with self.lock:
             self.groups.pop(group.task_id, None)
         self.metrics.group_done(time.monotonic() - group.claimed_at, released=False)
-
-    def _finish_published(self, *, all_: bool = False) -> None:
-        """``finish_task`` every written group whose shard is published (caller holds write_lock)."""
-        published, pending = len(self.writer.published), self.writer.pending()
-        keep = []
-        for mark, group in self.awaiting:
-            if all_ or pending == 0 or published > mark:
-                self._spool_call(self.spool.finish_task, group.lease)
-            else:
-                keep.append((mark, group))
-        self.awaiting = keep
 
     def _flush_idle(self) -> None:
         """Nothing in flight: publish the open shard now instead of waiting for its age limit."""
         with self.lock:
             idle = not self.groups
-        if not (idle and self.awaiting):
+        if not (idle and self.sink is not None and self.sink.awaiting):
             return
         with self.write_lock:
-            self.writer.flush()
-            self._finish_published()
+            self.sink.flush()
 
     def _spool_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self.spool_lock:
