@@ -269,7 +269,7 @@ def check_table(table: pa.Table, where: str) -> None:
     arrays = [cols[name][1] for name in ("loss_mask", "token_ids", "logprobs", "policy_versions")]
     # In blocks, mostly with reductions: whole-shard boolean temporaries made every check page-fault
     # its way through fresh memory (4x the cost, measured in the reader).
-    for lo in range(0, len(offsets) and int(offsets[-1]), _CHECK_BLOCK):
+    for lo in range(0, int(offsets[-1]), _CHECK_BLOCK):
         block = [a[lo:lo + _CHECK_BLOCK] for a in arrays]
         rule = _broken_rule(*block)
         if rule is not None:
@@ -442,12 +442,11 @@ class ShardWriter:
         tmp = tmp_sibling(self.ready_dir / shard_id, shard_id)
         try:
             with open(tmp, "wb", buffering=0) as f:
-                f.write(header)
-                view = memoryview(body)
-                for start in range(0, len(view), _WRITE_CHUNK):
-                    chunk = view[start:start + _WRITE_CHUNK]
-                    while chunk:
-                        chunk = chunk[f.write(chunk):]
+                for part in (memoryview(header), memoryview(body)):
+                    for start in range(0, len(part), _WRITE_CHUNK):
+                        chunk = part[start:start + _WRITE_CHUNK]
+                        while chunk:  # an unbuffered write may be short
+                            chunk = chunk[f.write(chunk):]
                 os.fsync(f.fileno())
             os.rename(tmp, self.ready_dir / f"{shard_id}{SUFFIX}")
         except OSError as exc:
