@@ -27,6 +27,7 @@ from rollout_node.pipeline.llm import LLMPolicy
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.sizing import Workers
 from rollout_node.sandbox import bwrap_unavailable_reason
+from tests.pipeline.readback import written
 
 pytestmark = pytest.mark.sandbox
 VERSION = 3
@@ -61,14 +62,6 @@ def run_node(paths: RunPaths, cfg: Any, tmp_path: Path) -> dict[str, Any]:
         return node.run()
     finally:
         policy.close()
-
-
-def written(paths: RunPaths, cfg: Any) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
-    for shard in Spool(paths.root, cfg.spool).claim_shards("reader", 1000):
-        for t in shard.trajectories():
-            out.setdefault(t.task_id, []).append(t)
-    return out
 
 
 def serve(model: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -15,11 +15,12 @@ from hpc.config import load_config
 from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.spool import Spool
-from hpc.trajectory import Status, Trajectory
+from hpc.trajectory import Status
 from rollout_node.pipeline.control import request_cancel
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.scripted import ScriptedPolicy
 from rollout_node.pipeline.sizing import Workers
+from tests.pipeline.readback import written
 from tests.pipeline.standins import FakeOps
 
 BASE = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
@@ -38,15 +39,6 @@ def node(paths: RunPaths, cfg: Any, ops: FakeOps, tmp_path: Path, **kw: Any) -> 
                        once=kw.pop("once", True), max_episodes=kw.pop("max_episodes", None))
     return RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), ops, ScriptedPolicy(cfg.rollout.scripted_plan),
                        opts, **kw)
-
-
-def written(paths: RunPaths, cfg: Any) -> dict[str, list[Trajectory]]:
-    spool = Spool(paths.root, cfg.spool)
-    out: dict[str, list[Trajectory]] = {}
-    for shard in spool.claim_shards("test-reader", 1000):
-        for t in shard.trajectories():
-            out.setdefault(t.task_id, []).append(t)
-    return out
 
 
 def tasks(n: int, **extra: Any) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from hpc.config import load_config
 from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.spool import Spool
-from hpc.trajectory import Status, Trajectory
+from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import RealTaskOps
 from rollout_node.pipeline.control import request_cancel
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
@@ -26,6 +26,7 @@ from rollout_node.pipeline.scripted import ScriptedPolicy
 from rollout_node.pipeline.sizing import Workers
 from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
+from tests.pipeline.readback import written
 
 pytestmark = pytest.mark.sandbox
 
@@ -51,14 +52,6 @@ def run_node(paths: RunPaths, cfg: Any, tmp_path: Path, workers: Workers = Worke
     node = RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), RealTaskOps(paths, cfg),
                        ScriptedPolicy(cfg.rollout.scripted_plan), opts)
     return node.run()
-
-
-def written(paths: RunPaths, cfg: Any) -> dict[str, list[Trajectory]]:
-    out: dict[str, list[Trajectory]] = {}
-    for shard in Spool(paths.root, cfg.spool).claim_shards("test-reader", 10_000):
-        for t in shard.trajectories():
-            out.setdefault(t.task_id, []).append(t)
-    return out
 
 
 def by_reference(ids: list[str], group_size: int) -> list[dict[str, Any]]:

@@ -164,8 +164,8 @@ def test_tampering_scores_zero(env: dict[str, Path], name: str, monkeypatch: pyt
 def test_a_real_fix_still_scores_1_when_the_agent_also_edits_tests(env: dict[str, Path]) -> None:
     task = task_named("spoolrl__intervals-4")
     # the agent appends trivial tests of its own: the harness resets them, the fix alone must carry the reward
-    act = _write({"tests/test_intervals.py": "\n\ndef test_mine():\n    assert True\n",
-                  "tests/test_extra.py": "def test_extra():\n    assert True\n"})
+    act = _write({"tests/test_intervals.py": "\n\ndef test_mine():\n    assert 1 + 1 == 2\n",
+                  "tests/test_extra.py": "def test_extra():\n    assert [] == []\n"})
     diff = task.patch + agent_diff(env, task, "fix-and-tests", act)
     result = run(env, task, diff)
     assert (result.status, result.reward) == ("ok", 1.0), result.log
