@@ -57,6 +57,10 @@ def main() -> None:
     if engine.rank == 0:
         torch.save({"grads": captured, "loss": result.sums.loss, "tokens": result.sums.tokens,
                     "micro_batches": [len(m) for m in plan.per_rank]}, out)
+    # Tear gloo down before the interpreter does: a rank that exits with the group alive can abort
+    # in gloo's destructor ("terminate called without an active exception", seen once in CI).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
