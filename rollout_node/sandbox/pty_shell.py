@@ -113,7 +113,8 @@ class PtyShell:
         # `setsid --ctty` makes the PTY the controlling terminal of a new session (Ctrl-C reaches the
         # foreground job; the session is also the sandbox's scheduler autogroup). No preexec_fn, so
         # subprocess can use vfork: a spawn costs well under a millisecond even from a big node process.
-        argv = [SETSID, "--ctty", *launch.argv]
+        # Signals the node ignores (nohup, `cmd &` in a script) are reset first (see spawner.py).
+        argv = [*spawner.default_signals(), SETSID, "--ctty", *launch.argv]
         try:
             self.proc = spawner.spawn(lambda: subprocess.Popen(
                 argv, stdin=slave, stdout=slave, stderr=slave, env=launch.env, cwd=launch.cwd, close_fds=True))

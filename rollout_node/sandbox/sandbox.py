@@ -163,8 +163,9 @@ class Sandbox:
         buf = HeadTail(keep)
         try:
             env, cwd = self.runtime.host_env(spec), self.runtime.host_cwd(spec)
+            full = spawner.default_signals() + argv
             proc = spawner.spawn(lambda: subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                 cwd=cwd, start_new_session=True))
         except OSError as exc:
             raise SandboxError(f"could not start {argv[0]}: {exc}") from exc
