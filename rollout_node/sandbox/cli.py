@@ -1,5 +1,9 @@
 """``spoolrl sandbox exec|shell``: one command, or an interactive shell, exactly as the agent sees it.
 
+``exec -- ARGV...`` runs ARGV exactly as given (like ``apptainer exec`` / ``docker exec``: each
+word is one argument, nothing is re-split or expanded); a single word is a bash command line
+(``exec -- 'cd src && make'``). Either way it runs in the agent's persistent bash.
+
 ``exec`` prints one JSON object (output, exit_code, timed_out, truncated, duration_s,
 total_bytes) and exits 0 whenever the sandbox worked (the command's status is in the JSON);
 infrastructure faults exit non-zero with a one-line message.
@@ -8,6 +12,7 @@ infrastructure faults exit non-zero with a one-line message.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ def register(sub: Any) -> None:
     ex = verbs.add_parser("exec", help="run one command; print one JSON result")
     _common(ex)
     ex.add_argument("--timeout-s", type=float, default=None, help="timeout of the command (default: config)")
-    ex.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... (joined into one bash command line)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV... (run exactly as given), or -- 'ONE COMMAND LINE' (run by bash)")
     ex.set_defaults(func=cmd_exec)
     sh = verbs.add_parser("shell", help="interactive shell as the agent sees it (Ctrl-D quits)")
     _common(sh)
@@ -56,9 +61,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given: spoolrl sandbox exec --workdir DIR -- COMMAND")
     with open_sandbox(_config(args), args.workdir, image=args.image) as sb:
-        result = sb.run(" ".join(command), timeout_s=args.timeout_s)
+        result = sb.run(command_line(command), timeout_s=args.timeout_s)
     print_json(result.to_dict())
     return 0
+
+
+def command_line(argv: list[str]) -> str:
+    """The bash command line for ``exec -- ARGV``: one word as is, several words quoted one by one."""
+    return argv[0] if len(argv) == 1 else shlex.join(argv)
 
 
 def cmd_shell(args: argparse.Namespace) -> int:

@@ -173,9 +173,22 @@ def test_local_runtime_needs_opt_in(tmp_path: Path) -> None:
 def test_cli_exec_prints_one_json_object(tmp_path: Path) -> None:
     need_runtime("bwrap")
     proc = subprocess.run([sys.executable, "-m", "hpc.cli", "sandbox", "exec", "--runtime", "bwrap",
-                           "--workdir", str(tmp_path), "--timeout-s", "20", "--", "echo", "hi;", "(exit", "5)"],
+                           "--workdir", str(tmp_path), "--timeout-s", "20", "--", "echo hi; (exit 5)"],
                           capture_output=True, text=True, timeout=120, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert {"output", "exit_code", "timed_out", "truncated", "duration_s"} <= set(result)
     assert result["output"] == "hi\n" and result["exit_code"] == 5 and result["timed_out"] is False
+
+
+def test_cli_exec_runs_argv_exactly(tmp_path: Path) -> None:
+    need_runtime("bwrap")
+    argvs = {"hello-42\n": ["bash", "-c", "echo hello-$((6*7))"],
+             "a b|$HOME|'q'\n": ["printf", "%s|%s|%s\\n", "a b", "$HOME", "'q'"]}
+    for want, argv in argvs.items():
+        proc = subprocess.run([sys.executable, "-m", "hpc.cli", "sandbox", "exec", "--runtime", "bwrap",
+                               "--workdir", str(tmp_path), "--", *argv],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        assert (result["output"], result["exit_code"]) == (want, 0), argv
