@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from hpc.config.base import knob, section
 
+# tasks.source names of the task sets shipped in rollout_node/tasks/builtin/ -> their file there.
+BUILTIN_TASK_SETS = {
+    "builtin": "tasks.jsonl",       # 16 real bug fixes in four small repositories
+    "builtin-pick": "pick.jsonl",   # the learnable family: write the one of 4 values the statement names
+}
+
+
+def builtin_task_file(source: str) -> str | None:
+    """The file name (in rollout_node/tasks/builtin/) of a built-in ``tasks.source``, else None (a path)."""
+    return BUILTIN_TASK_SETS.get(source)
+
 
 @section
 class TasksConfig:
     """Where tasks come from and in what order they are fed."""
 
-    source: str = knob("builtin", doc="'builtin' or a SWE-bench-style JSONL file")
+    source: str = knob("builtin", doc="a SWE-bench-style JSONL file, or a built-in set: 'builtin' (16 bug fixes), "
+                       "'builtin-pick' (learnable: write the value the statement names; the demo's)")
     repo_cache: str = knob("", doc="local mirror of task repositories ('' = RUN/repos for built-in tasks)",
                            resumable=True)
     epochs: int = knob(1, doc="passes over the task set", min=1, resumable=True)

@@ -26,7 +26,8 @@ def register(sub: Any) -> None:
     verbs = p.add_subparsers(dest="tasks_verb", metavar="<check>")
     ck = verbs.add_parser("check", help="evaluate gold and empty patch of every instance (one JSON line each)",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ck.add_argument("source", metavar="TASKS.jsonl|builtin", help="a SWE-bench JSONL file, or 'builtin'")
+    ck.add_argument("source", metavar="TASKS.jsonl|builtin", help="a SWE-bench JSONL file, or a built-in set "
+                    "('builtin', 'builtin-pick')")
     ck.add_argument("--runtime", choices=["bwrap", "apptainer", "local"], help="override sandbox.runtime "
                     "('local' = NO isolation, implies sandbox.allow_local)")
     ck.add_argument("--jobs", type=int, default=2, help="evaluations in parallel (default 2)")
@@ -82,7 +83,9 @@ def _repo_cache(args: argparse.Namespace, cfg: Any, tmp: Path, repos: set[str]) 
     from rollout_node.tasks.builtin import ensure_builtin_repos
     from rollout_node.tasks.repos import find_mirror
     cache = args.repo_cache or (Path(cfg.tasks.repo_cache) if cfg.tasks.repo_cache else None)
-    if args.source == "builtin":
+    from hpc.config.tasks import builtin_task_file
+
+    if builtin_task_file(args.source) is not None:
         cache = cache or tmp / "repos"
         ensure_builtin_repos(cache)
     if cache is None:

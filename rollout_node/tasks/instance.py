@@ -159,10 +159,13 @@ def parse_jsonl(lines: Iterable[str], source: str) -> list[TaskInstance]:
 
 
 def load_tasks(source: str | Path) -> list[TaskInstance]:
-    """``"builtin"`` (the shipped set) or a path to a SWE-bench-style JSONL file."""
-    if str(source) == "builtin":
-        from rollout_node.tasks.builtin import TASKS_JSONL
-        path = TASKS_JSONL
+    """A built-in set's name (``"builtin"``, ``"builtin-pick"``) or a path to a SWE-bench-style JSONL file."""
+    from hpc.config.tasks import builtin_task_file
+
+    builtin = builtin_task_file(str(source))
+    if builtin is not None:
+        from rollout_node.tasks.builtin import HERE
+        path = HERE / builtin
     else:
         path = Path(source)
     try:

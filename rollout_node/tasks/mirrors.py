@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.config import TasksConfig
+from hpc.config.tasks import builtin_task_file
 from hpc.paths import RunPaths
 from rollout_node.tasks.builtin import builtin_repos, ensure_builtin_repos
 from rollout_node.tasks.instance import TaskInstance
@@ -30,7 +31,7 @@ def run_repo_cache(tasks_cfg: TasksConfig, run_dir: Path) -> Path:
     Safe to call from every rollout node at once (mirrors appear atomically).
     """
     cache = Path(tasks_cfg.repo_cache) if tasks_cfg.repo_cache else RunPaths(run_dir).repos
-    if tasks_cfg.source == "builtin":
+    if builtin_task_file(tasks_cfg.source) is not None:
         ensure_builtin_repos(cache)
     return cache
 

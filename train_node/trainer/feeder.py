@@ -84,19 +84,22 @@ class Feeder:
         self.next_position = int(data.get("next_position", 0))
 
 
-def builtin_tasks_file() -> Path:
-    """The shipped task set's JSONL, located without importing ``rollout_node`` (train_node never imports it)."""
+def builtin_tasks_file(name: str = "tasks.jsonl") -> Path:
+    """A shipped task set's JSONL, located without importing ``rollout_node`` (train_node never imports it)."""
     import importlib.util
 
     spec = importlib.util.find_spec("rollout_node")
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError("tasks.source: builtin needs the rollout_node package installed next to train_node")
-    return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "builtin" / "tasks.jsonl"
+        raise UsageError("tasks.source: built-in sets need the rollout_node package installed next to train_node")
+    return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "builtin" / name
 
 
 def instance_ids_for(source: str) -> list[str]:
-    """The instance ids the feeder issues for ``tasks.source`` ('builtin' or a JSONL path)."""
-    path = builtin_tasks_file() if source == "builtin" else Path(source)
+    """The instance ids the feeder issues for ``tasks.source`` (a built-in set's name or a JSONL path)."""
+    from hpc.config.tasks import builtin_task_file
+
+    builtin = builtin_task_file(source)
+    path = builtin_tasks_file(builtin) if builtin is not None else Path(source)
     try:
         return instance_ids_from_jsonl(path)
     except (OSError, ValueError, KeyError) as exc:

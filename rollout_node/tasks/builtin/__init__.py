@@ -1,4 +1,10 @@
-"""The built-in task set: four small Python repositories written for spoolrl, each with real bugs.
+"""The built-in task sets, on small Python repositories written for spoolrl.
+
+Two sets, selected by ``tasks.source`` (names in :data:`hpc.config.tasks.BUILTIN_TASK_SETS`):
+- ``builtin``: 16 bug fixes in four repositories (``tasks.jsonl``, from ``spec.py``): real bugs that
+  a capable model can fix and a tiny random one cannot (its reward stays 0).
+- ``builtin-pick``: the learnable family (``pick.jsonl``, from ``pick.py``): set one value of the
+  ``summary`` repository to the one of four that the statement names. The demo trains on it.
 
 Guarantees:
 - ``repos/<name>/`` holds each repository as plain files (no ``.git``); :func:`ensure_builtin_repos`
@@ -17,6 +23,7 @@ from rollout_node.tasks.repos import ensure_mirror
 
 HERE = Path(__file__).resolve().parent
 TASKS_JSONL = HERE / "tasks.jsonl"
+PICK_JSONL = HERE / "pick.jsonl"
 REPOS_DIR = HERE / "repos"
 OWNER = "spoolrl"
 

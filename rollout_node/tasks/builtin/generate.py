@@ -1,7 +1,9 @@
-"""Regenerate ``tasks.jsonl`` from ``spec.py`` and the packaged repositories (deterministic).
+"""Regenerate the built-in task files from their specs and the packaged repositories (deterministic).
 
-Run ``python -m rollout_node.tasks.builtin.generate`` after editing a repository or a spec; add
-``--check`` to only verify that the committed file is up to date (exit 1 if not).
+``tasks.jsonl`` (``tasks.source: builtin``, the bug fixes) comes from ``spec.py``; ``pick.jsonl``
+(``tasks.source: builtin-pick``, the learnable family) from ``pick.py``. Run
+``python -m rollout_node.tasks.builtin.generate`` after editing a repository or a spec; add
+``--check`` to only verify that the committed files are up to date (exit 1 if not).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rollout_node.tasks.builtin import OWNER, REPOS_DIR, TASKS_JSONL
+from rollout_node.tasks.builtin import OWNER, PICK_JSONL, REPOS_DIR, TASKS_JSONL
+from rollout_node.tasks.builtin.pick import pick_specs
 from rollout_node.tasks.builtin.spec import SPECS, Edit, Spec
 from rollout_node.tasks.repos import ensure_mirror, run_git
 
@@ -63,14 +66,14 @@ def instance(spec: Spec, root: Path, commit: str) -> dict[str, object]:
     }
 
 
-def render() -> str:
+def render(specs: tuple[Spec, ...] = SPECS) -> str:
     lines = []
     with tempfile.TemporaryDirectory(prefix="spoolrl-gen-") as tmp:
-        for name in sorted({s.repo for s in SPECS}):
+        for name in sorted({s.repo for s in specs}):
             mirror, commit = ensure_mirror(Path(tmp) / "cache", f"{OWNER}/{name}", REPOS_DIR / name)
             root = Path(tmp) / name
             run_git(["clone", "-q", mirror, root])
-            for spec in sorted((s for s in SPECS if s.repo == name), key=lambda s: s.number):
+            for spec in sorted((s for s in specs if s.repo == name), key=lambda s: s.number):
                 lines.append(json.dumps(instance(spec, root, commit), sort_keys=False))
     return "\n".join(lines) + "\n"
 
@@ -79,14 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="only check that tasks.jsonl is up to date")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        ok = TASKS_JSONL.exists() and TASKS_JSONL.read_text() == text
-        print("tasks.jsonl is up to date" if ok else "tasks.jsonl is stale: regenerate it", file=sys.stderr)
-        return 0 if ok else 1
-    TASKS_JSONL.write_text(text)
-    print(f"wrote {len(text.splitlines())} instances to {TASKS_JSONL}", file=sys.stderr)
-    return 0
+    stale = 0
+    for path, specs in ((TASKS_JSONL, SPECS), (PICK_JSONL, pick_specs())):
+        text = render(specs)
+        if args.check:
+            ok = path.exists() and path.read_text() == text
+            print(f"{path.name} is {'up to date' if ok else 'stale: regenerate it'}", file=sys.stderr)
+            stale += not ok
+            continue
+        path.write_text(text)
+        print(f"wrote {len(text.splitlines())} instances to {path}", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""``builtin-pick``: the learnable built-in family (``tasks.source: builtin-pick``, ``pick.jsonl``).
+
+Each instance asks for one setting of the packaged ``summary`` repository: ``AGGREGATE`` in
+``summary/config.py`` must name the aggregate that the problem statement asks for, one of
+:data:`VALUES` (K = 4). The repository, its tests and the EVAL are as real as for the bug-fix set
+(``tasks.source: builtin``): a git mirror, a test patch that adds the FAIL_TO_PASS test, the
+tamper-proof harness in a sandbox. Only those tests decide the reward.
+
+What makes it learnable by a tiny model in minutes (and still a test of the whole loop):
+- The correct edit depends on the statement only through the value, which the statement names in
+  backticks (a token of its own in the tiny tokenizer; :func:`single_token_values` checks it).
+- One canonical solution of two short turns (:func:`solution_calls`): a ``str_replace`` whose last
+  argument is the value (a single token after a fixed prefix), then ``submit``.
+- Several phrasings put the value at different places, so position alone does not solve it.
+A policy that ignores the statement scores 1/K in expectation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_node.tasks.builtin.spec import Spec
+
+REPO = "summary"
+CONFIG = "summary/config.py"
+PLACEHOLDER = "unset"
+VALUES = ("min", "max", "first", "last")
+TEST_FILE = "tests/test_aggregate.py"
+# summarize([3, 9, 2, 6]) under each aggregate: four distinct answers, so a test tells them apart.
+SAMPLE = (3, 9, 2, 6)
+EXPECTED = {"min": 2, "max": 9, "first": 3, "last": 6}
+PHRASINGS = (
+    "summarize() must report the `{v}`\n\n"
+    "`summarize(values)` raises ValueError because `AGGREGATE` in summary/config.py is still unset. "
+    "It should report the `{v}` of the values.\n",
+    "Reports need the `{v}` aggregate\n\n"
+    "Our dashboards call `summarize()` and expect the `{v}` of each list. Configure it in summary/config.py.\n",
+    "Set the summary aggregate\n\n"
+    "Please make summarize() return the `{v}` of its input; the setting lives in summary/config.py.\n",
+    "summarize() is not configured\n\n"
+    "Calling `summarize([3, 9, 2, 6])` fails with `unknown aggregate 'unset'`. The team agreed on `{v}`: "
+    "set AGGREGATE accordingly.\n",
+)
+
+
+def _test_source(value: str) -> str:
+    return (f"from summary import summarize\n\n\ndef test_summarize_reports_the_{value}():\n"
+            f"    assert summarize({list(SAMPLE)}) == {EXPECTED[value]}\n"
+            f"    assert summarize([5]) == 5\n")
+
+
+def pick_specs() -> tuple[Spec, ...]:
+    """Every instance: K values x the phrasings, numbered value-major from 1."""
+    specs = []
+    for i, value in enumerate(VALUES):
+        for j, phrasing in enumerate(PHRASINGS):
+            specs.append(Spec(
+                REPO, 1 + i * len(PHRASINGS) + j, phrasing.format(v=value),
+                ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
+                ((TEST_FILE, "", _test_source(value)),),
+                (f"{TEST_FILE}::test_summarize_reports_the_{value}",), p2p_files=("tests/test_report.py",)))
+    return tuple(specs)
+
+
+def answer_of(task: Mapping[str, Any] | Any) -> str:
+    """The value a task instance asks for (from its FAIL_TO_PASS test id)."""
+    tests = task["FAIL_TO_PASS"] if isinstance(task, Mapping) else task.FAIL_TO_PASS
+    name = str(tests[0]).rsplit("_", 1)[-1]
+    assert name in VALUES, f"not a builtin-pick instance: {tests}"
+    return name
+
+
+def solution_calls(value: str) -> list[tuple[str, dict[str, Any]]]:
+    """The two tool calls of the canonical episode that writes ``value`` (any value, right or wrong)."""
+    return [("str_replace", {"path": CONFIG, "old": PLACEHOLDER, "new": value}), ("submit", {})]
+
+
+def written_value(arguments: Mapping[str, Any]) -> str | None:
+    """The value a ``str_replace`` call writes into the setting, when it is the family's edit."""
+    if arguments.get("path") == CONFIG and arguments.get("old") == PLACEHOLDER:
+        new = arguments.get("new")
+        return new if isinstance(new, str) else None
+    return None
+
+
+def single_token_values(encode: Any) -> bool:
+    """Whether every value is one token both as a JSON string argument and in backticks (``encode``: text -> ids)."""
+    for value in VALUES:
+        in_call, in_text = encode(f'"new": "{value}"}}'), encode(f"the `{value}` of")
+        if len(in_call) != len(encode('"new": "x"}')) or len(in_text) != len(encode("the `x` of")):
+            return False
+    return True

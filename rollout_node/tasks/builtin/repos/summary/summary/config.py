@@ -1,0 +1,3 @@
+"""Which aggregate summarize() reports (one of the names in summary.report.AGGREGATES)."""
+
+AGGREGATE = "unset"
