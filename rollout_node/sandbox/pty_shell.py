@@ -18,7 +18,8 @@ Completion: bash runs with ``--norc --noprofile --noediting -i`` (no readline, s
 bracketed-paste noise), the terminal has ECHO and ONLCR off, PS1/PS2 are empty and
 ``PROMPT_COMMAND`` prints ``\\x1e<nonce>:<status>\\x1e`` before each prompt. The nonce is random
 per shell, so program output cannot produce the marker by accident. Each command is sent as one
-``{ ...\\n}`` group so a multi-line command yields exactly one marker.
+``{ ...\\n}`` group so a multi-line command yields exactly one marker; commands longer than the
+terminal's line limit travel encoded, up to ``framing.MAX_COMMAND_BYTES`` (see ``framing.py``).
 
 Guarantees of :meth:`PtyShell.run` (never raises for anything the command does):
 - past ``timeout_s`` the foreground job gets Ctrl-C; if no prompt comes back within
@@ -26,7 +27,9 @@ Guarantees of :meth:`PtyShell.run` (never raises for anything the command does):
 - output beyond ``keep`` bytes is cut to head + tail with the total byte count; while output is
   being truncated the reader slows down, so a flood blocks its writer instead of a CPU;
 - a shell that exits or is killed is detected (EOF on the PTY) and respawned; the result says so;
-- cwd and environment persist between calls of one shell.
+- cwd and environment persist between calls of one shell;
+- a command runs exactly as given or not at all: past ``framing.MAX_COMMAND_BYTES`` (or with a NUL
+  byte) the result is an error note with exit_code None and nothing is sent.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 
 from hpc.errors import SandboxError
 from rollout_node.sandbox import spawner
+from rollout_node.sandbox.framing import CommandRefused, frame
 from rollout_node.sandbox.limits import kill_tree
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
 
@@ -53,6 +57,7 @@ BASH_ARGS = ["bash", "--norc", "--noprofile", "--noediting", "-i"]
 GRACE_S = 2.0          # after Ctrl-C, how long the job may take to give the prompt back
 SPAWN_TIMEOUT_S = 30.0
 READ_CHUNK = 1 << 20
+SEND_CHUNK = 4096
 FLOOD_PAUSE_S = 0.005  # pause between reads once output is being truncated (back-pressure)
 SETSID = shutil.which("setsid") or "/usr/bin/setsid"  # util-linux
 
@@ -170,13 +175,42 @@ class PtyShell:
             note = "the shell had died; a new one was started (cwd and environment were reset)"
         assert self.proc is not None
         try:
-            os.write(self.fd, b"{ " + command.encode() + b"\n}\n")
+            data = frame(command)
+        except CommandRefused as exc:
+            return make_result(buf, None, time.monotonic() - t0, note=str(exc))
+        try:
+            self._send(data, t0 + timeout_s)
             status = self._read_until_marker(buf, t0 + timeout_s)
             return make_result(buf, status, time.monotonic() - t0, note=note)
         except TimeoutError:
             return self._interrupt(buf, t0, note)
         except (ShellDied, OSError):
             return self._died(buf, t0, why_dead())
+
+    def _send(self, data: bytes, deadline: float) -> None:
+        """Type ``data`` into the shell without blocking past ``deadline`` (a long command fills the
+        PTY's input buffer until bash reads it); output seen meanwhile is kept for the marker search."""
+        fd = self.fd
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        try:
+            while data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                readable, writable, _ = select.select([fd], [fd], [], min(left, 1.0))
+                if readable:
+                    chunk = os.read(fd, READ_CHUNK)  # EIO (OSError) once the shell is gone
+                    if not chunk:
+                        raise ShellDied()
+                    self._carry += chunk
+                if writable:
+                    try:
+                        data = data[os.write(fd, data[:SEND_CHUNK]):]
+                    except BlockingIOError:
+                        continue
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
     def _interrupt(self, buf: HeadTail, t0: float, note: str) -> ToolResult:
         assert self.proc is not None
