@@ -4,6 +4,10 @@ Guarantees:
 - Building is pure: no I/O, no mutation of the input. Every problem is collected (not only the
   first) and names the dotted key, the bad value and the fix.
 - Unknown keys at any depth are errors that list the valid keys of that section.
+- Every number is finite (NaN and infinities are refused: a NaN passes every range check) and
+  every string is one line of text without control characters (tab allowed): values end up in
+  batch scripts, sbatch lines and log records, where a newline would start new shell code.
+- Bad values are shown shortened (``reprlib``), so a YAML alias bomb cannot blow up a message.
 - Field documentation lives in the field (``knob(doc=...)``); the commented default config and
   the README configuration reference are generated from it.
 """
@@ -11,7 +15,9 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import reprlib
 import sys
 import types
 import typing
@@ -26,6 +32,15 @@ else:  # pragma: no cover - Python 3.10
 T = TypeVar("T")
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 MISSING = dataclasses.MISSING
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 80
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict = 3, 8, 8
+
+
+def show(value: Any) -> str:
+    """A bounded repr of a user value for messages (cost independent of the value's expanded size)."""
+    return _SHOW.repr(value)
 
 
 def knob(
@@ -72,13 +87,13 @@ def _convert(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            problems.append(f"{key}: expected a mapping (section), got {value!r}; write it as 'key: value' lines")
+            problems.append(f"{key}: expected a mapping (section), got {show(value)}; write it as 'key: value' lines")
             return None
         return build(typing.cast(type, tp), value, key, problems)
     if origin is Literal:
         if value in get_args(tp):
             return value
-        problems.append(f"{key}: {value!r} is not one of {', '.join(repr(a) for a in get_args(tp))}")
+        problems.append(f"{key}: {show(value)} is not one of {', '.join(repr(a) for a in get_args(tp))}")
         return None
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -95,18 +110,18 @@ def _convert(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
             out = _convert(a, value, key, trial)
             if not trial:
                 return out
-        problems.append(f"{key}: {value!r} is not a {_type_name(tp)}")
+        problems.append(f"{key}: {show(value)} is not a {_type_name(tp)}")
         return None
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            problems.append(f"{key}: expected a list, got {value!r}; write it as [a, b] or '- a' lines")
+            problems.append(f"{key}: expected a list, got {show(value)}; write it as [a, b] or '- a' lines")
             return None
         (item_tp, *_rest) = get_args(tp) or (Any,)
         items = [_convert(item_tp, v, f"{key}[{i}]", problems) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, Mapping):
-            problems.append(f"{key}: expected a mapping, got {value!r}")
+            problems.append(f"{key}: expected a mapping, got {show(value)}")
             return None
         _k, val_tp = get_args(tp)
         return {str(k): _convert(val_tp, v, _join(key, str(k)), problems) for k, v in value.items()}
@@ -119,26 +134,41 @@ def _scalar(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        problems.append(f"{key}: expected true or false, got {value!r}")
+        problems.append(f"{key}: expected true or false, got {show(value)}")
         return None
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        problems.append(f"{key}: expected an integer, got {value!r}")
+        problems.append(f"{key}: expected an integer, got {show(value)}")
         return None
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads '1e-5' (no dot) as a string; users mean a number
-        problems.append(f"{key}: expected a number, got {value!r}")
+        number = _number(value)
+        if number is not None and math.isfinite(number):
+            return number
+        problems.append(f"{key}: expected a finite number, got {show(value)}" if number is not None else
+                        f"{key}: expected a number, got {show(value)}")
         return None
     if tp is str:
         if isinstance(value, str):
+            if (bad := _CONTROL.search(value)) is not None:
+                problems.append(f"{key}: {show(value)} contains the control character {bad.group()!r} at position "
+                                f"{bad.start()}; give one line of plain text (values are written into batch scripts)")
+                return None
             return value
-        problems.append(f"{key}: expected a string, got {value!r}; quote it if it looks like a number")
+        problems.append(f"{key}: expected a string, got {show(value)}; quote it if it looks like a number")
         return None
     raise TypeError(f"unsupported config type {tp!r} at {key}")  # a bug in a config class
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float range
+            return math.inf
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads '1e-5' (no dot) as a string; users mean a number
+    return None
 
 
 def _check_range(f: dataclasses.Field[Any], value: Any, key: str, problems: list[str]) -> None:
@@ -146,9 +176,9 @@ def _check_range(f: dataclasses.Field[Any], value: Any, key: str, problems: list
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     if lo is not None and value < lo:
-        problems.append(f"{key}: {value!r} is below the minimum {lo}; set it to at least {lo}")
+        problems.append(f"{key}: {show(value)} is below the minimum {lo}; set it to at least {lo}")
     if hi is not None and value > hi:
-        problems.append(f"{key}: {value!r} is above the maximum {hi}; set it to at most {hi}")
+        problems.append(f"{key}: {show(value)} is above the maximum {hi}; set it to at most {hi}")
 
 
 def build(cls: type[T], data: Mapping[str, Any], prefix: str, problems: list[str]) -> T:

@@ -6,6 +6,8 @@ from typing import Literal
 
 from hpc.config.base import knob, section
 
+BIND_SEPARATORS = (",", ":")  # apptainer --bind src[:dst[:opts]][,...]: no escaping exists
+
 
 @section
 class SandboxConfig:
@@ -35,4 +37,7 @@ class SandboxConfig:
         if self.runtime == "local" and not self.allow_local:
             return ["runtime: 'local' runs agent code with NO isolation; set sandbox.allow_local: true to accept "
                     "that, or use runtime: bwrap"]
+        if self.runtime == "apptainer" and any(c in self.scratch_dir for c in BIND_SEPARATORS):
+            return [f"scratch_dir: {self.scratch_dir!r} contains ',' or ':', which apptainer's --bind and --overlay "
+                    "read as separators (work dirs live under it); choose a path without them"]
         return []

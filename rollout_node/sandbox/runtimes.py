@@ -150,6 +150,10 @@ class ApptainerRuntime(Runtime):
 
     def argv(self, spec: LaunchSpec, command: list[str]) -> list[str]:
         assert self.binary and spec.image is not None
+        for path in (spec.workdir, spec.layer):
+            if path is not None and any(c in str(path) for c in ",:"):
+                raise SandboxError(f"{path}: apptainer reads ',' and ':' in --bind/--overlay paths as separators; "
+                                   "set sandbox.scratch_dir (or $TMPDIR) to a path without them")
         # spython's exec builder adds nothing we need and cannot express --network none; the
         # CLI flags below are apptainer's documented, stable interface.
         argv = [self.binary, "--silent", "exec", "--containall", "--cleanenv", "--net", "--network", "none",
