@@ -8,6 +8,7 @@ the job id and the run path, and returns; nothing here waits for a job to finish
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import typing as tp
 from pathlib import Path
@@ -36,8 +37,15 @@ def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
     run, overrides = split_run_arg(args)
     config = load_config(args.config, overrides)
     run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
-    source = " ".join([args.config or "(built-in defaults)", *overrides])
+    source = " ".join([args.config or "(built-in defaults)", *map(shlex.quote, overrides)])
     return config, run_dir.absolute(), source
+
+
+def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
+    """The exact ``spoolrl init`` command line that freezes the config this command rendered."""
+    _run, overrides = split_run_arg(args)
+    config = ["--config", args.config] if args.config else []
+    return shlex.join(["spoolrl", "init", *config, str(run_dir), *overrides])  # RUN next to the overrides (argparse)
 
 
 def _render_jobs(config: RunConfig, run_dir: Path, source: str) -> list[RenderedJob]:
@@ -60,8 +68,8 @@ def _render(args: argparse.Namespace) -> int:
             target.write_text(job.text)
             print(target)
     if not (run_dir / "run.yaml").exists():
-        print(f"note: {run_dir} holds no run yet; before sbatch: spoolrl init {run_dir} --config "
-              f"{args.config or 'run.yaml'}", file=sys.stderr)
+        print(f"note: {run_dir} holds no run yet; the job creates it from the config embedded in the script, "
+              f"or create it now with: {init_hint(args, run_dir)}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from hpc.cli import add_config_args
 from hpc.cli_util import add_run_arg
 from hpc.config import RunConfig
+from hpc.errors import UsageError
 from hpc.paths import RunPaths
 
 
@@ -51,7 +52,14 @@ def init_run(run: str, config: RunConfig, *, if_missing: bool = False) -> RunPat
 def _init(args: argparse.Namespace) -> int:
     from hpc.config import load_config
 
-    paths = init_run(args.run, load_config(args.config, args.overrides), if_missing=args.if_missing)
+    config = load_config(args.config, args.overrides)
+    if args.expect_digest:
+        from hpc.rundir import config_digest
+
+        if config_digest(config) != args.expect_digest:
+            raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
+                             f"from ({args.expect_digest}): the script was edited; re-render it with 'spoolrl render'")
+    paths = init_run(args.run, config, if_missing=args.if_missing)
     print(paths.root)
     return 0
 
@@ -75,4 +83,5 @@ def register(sub: Any) -> None:
     add_config_args(p)
     p.add_argument("--if-missing", action="store_true",
                    help="if RUN already exists, check that the config matches instead of failing")
+    p.add_argument("--expect-digest", metavar="SHA", help="refuse a config whose digest differs (rendered jobs)")
     p.set_defaults(func=_init)

@@ -6,13 +6,15 @@ Guarantees:
   a half-created run never looks complete.
 - ``open_run`` checks the layout version and returns the frozen config.
 - ``check_resume`` refuses a changed config except for keys documented as safe to change
-  (``knob(resumable=True)``: cluster sizing, concurrency, time limits) and names the key.
+  (``knob(resumable=True)``: cluster sizing, concurrency, time limits) and names the key; a
+  rendered job runs it against the config it embeds before it starts anything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import secrets
 import subprocess
@@ -77,6 +79,12 @@ def provenance(config: RunConfig, paths: RunPaths) -> dict[str, Any]:
     }
 
 
+def config_digest(config: RunConfig) -> str:
+    """``sha256:<hex>`` of the resolved config (canonical JSON): what a rendered script records."""
+    text = json.dumps(to_dict(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def render_run_yaml(config: RunConfig, prov: dict[str, Any]) -> str:
     header = "# spoolrl run config: resolved and frozen at 'spoolrl init'. Do not edit; resume checks it.\n"
     body = yaml.safe_dump({"config": to_dict(config), "provenance": prov}, sort_keys=False)
@@ -85,7 +93,8 @@ def render_run_yaml(config: RunConfig, prov: dict[str, Any]) -> str:
 
 def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = False,
                prepare: Callable[[RunPaths, RunConfig], None] | None = None) -> RunPaths:
-    """Create the run directory layout and write run.yaml. With ``if_missing``, an existing run is checked instead.
+    """Create the run directory layout and write run.yaml. With ``if_missing``, an existing run is checked
+    instead (:func:`check_resume`) and, when only resumable keys differ, its run.yaml takes the new values.
 
     ``prepare`` runs after the layout exists and before run.yaml is written (e.g. building the tiny
     model into RUN/model, so that its hash lands in the provenance).
@@ -95,7 +104,8 @@ def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = Fal
         if not if_missing:
             raise RunDirError(f"{paths.root} already holds a run; use 'spoolrl resume {paths.root}' or another path")
         _, existing = open_run(paths.root)
-        check_resume(existing, config)
+        if check_resume(existing, config):  # only resumable keys differ: what was rendered is what runs
+            atomic_write_text(paths.run_yaml, render_run_yaml(config, read_provenance(paths.root)))
         return paths
     if paths.root.exists() and any(p for p in paths.root.iterdir() if p.name not in (".", "slurm", "logs")):
         raise RunDirError(f"{paths.root} exists, is not empty and holds no run.yaml; choose an empty or new path")

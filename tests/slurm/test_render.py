@@ -98,8 +98,8 @@ def test_het_structure() -> None:
         assert len(re.findall(rf"srun --het-group={i} ", text)) == 1
         assert f"{role}-node" in text
     assert "apptainer exec --nv --bind \"$SPOOLRL_RUN\" '/images/vllm 0.8.sif'" in text
-    assert text.index("init \"$SPOOLRL_RUN\" --config \"$SPOOLRL_RUN/run.yaml\" --if-missing") < text.index(
-        'start_step "$role"\ndone')
+    assert '--if-missing --expect-digest "$SPOOLRL_CONFIG_DIGEST"' in text
+    assert text.index("if ! (check_run_config); then") < text.index('start_step "$role"\ndone')
 
 
 def test_separate_mode_is_one_script_per_role_without_hetjob() -> None:
