@@ -3,7 +3,8 @@
 Guarantees:
 - ``create_run`` validates first (the config is already a typed ``RunConfig``), then creates the
   layout and writes ``run.yaml`` (the resolved config + provenance) atomically, last of all, so
-  a half-created run never looks complete.
+  a half-created run never looks complete. The run directory and its top-level directories are
+  mode 0700 whatever the umask (the secret, endpoint files, shards and checkpoints are trusted).
 - ``open_run`` checks the layout version and returns the frozen config.
 - ``check_resume`` refuses a changed config except for keys documented as safe to change
   (``knob(resumable=True)``: cluster sizing, concurrency, time limits) and names the key; a
@@ -111,7 +112,8 @@ def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = Fal
         raise RunDirError(f"{paths.root} exists, is not empty and holds no run.yaml; choose an empty or new path")
     try:
         for d in [paths.root, *paths.directories()]:
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(d, 0o700)  # whatever the umask: co-users must not replace the secret, endpoints or shards
         if not paths.secret.exists():
             fd = os.open(paths.secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -130,3 +130,16 @@ def test_render_refuses_a_run_dir_it_cannot_write(run_name: str, extra: list[str
         out = _cli(verb, "--run", str(tmp_path / run_name), *CPU, *extra, cwd=tmp_path)
         assert out.returncode == 2 and "RUN:" in out.stderr and why in out.stderr, out.stderr[-2000:]
         assert list(tmp_path.iterdir()) == []
+
+
+def test_run_directories_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    import os
+    import stat
+    run = tmp_path / "run"
+    out = subprocess.run([*SPOOLRL, "init", str(run), *CPU, "model.path=/nonexistent"], capture_output=True,
+                         text=True, timeout=120, preexec_fn=lambda: os.umask(0o002), stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    dirs = [run, *(p for p in run.iterdir() if p.is_dir())]
+    assert {"control", "spool", "endpoints", "checkpoints", "policy"} <= {p.name for p in dirs}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in dirs} == {p.name: 0o700 for p in dirs}
+    assert stat.S_IMODE((run / "control" / "secret").stat().st_mode) == 0o600

@@ -5,7 +5,9 @@ Guarantees:
   with mode 0600 inside its directory), one thread per connection, HTTP/1.1 keep-alive.
 - :func:`authorized` compares the bearer token in constant time; a missing secret refuses all.
 - :class:`JsonHandler` answers JSON with a Content-Length and never lets a handler exception
-  escape as a dropped connection: it becomes a 500 in vLLM's error shape.
+  escape as a dropped connection: it becomes a 500 in vLLM's error shape. A request body over
+  ``MAX_BODY_BYTES`` gets 413 and a missing-digit or negative Content-Length 400, before any of it
+  is read (so one client cannot make a server buffer gigabytes or block on ``read(-1)``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from train_node.infer.protocol import error_json
+
+MAX_BODY_BYTES = 64 * 2**20  # a token-ID prompt of 128k tokens is ~1 MB of JSON
+
+
+class BadBody(Exception):
+    """A request body that is refused before it is read (status 400 or 413)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -88,9 +100,18 @@ class JsonHandler(BaseHTTPRequestHandler):
         pass  # access logs would swamp the node log; errors are reported in responses
 
     def read_json(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
-        return json.loads(raw or b"null")
+        """The request body as JSON (``null`` when empty); see :meth:`read_body`."""
+        return json.loads(self.read_body() or b"null")
+
+    def read_body(self) -> bytes:
+        """The request body; a bad or over-cap Content-Length raises :class:`BadBody` before reading."""
+        raw_length = (self.headers.get("Content-Length") or "0").strip()
+        if not (raw_length.isascii() and raw_length.isdigit()) or len(raw_length) > 12:
+            raise BadBody(400, f"invalid Content-Length {raw_length[:20]!r}")
+        n = int(raw_length)
+        if n > MAX_BODY_BYTES:
+            raise BadBody(413, f"request body of {n} bytes is over the limit of {MAX_BODY_BYTES} bytes")
+        return self.rfile.read(n) if n else b""
 
     def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
@@ -113,8 +134,11 @@ class JsonHandler(BaseHTTPRequestHandler):
             self.route(method)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away; nothing to answer
-        except json.JSONDecodeError as exc:
-            self.send_error_json(400, f"invalid JSON body: {exc}")
+        except BadBody as exc:
+            self.close_connection = True  # the body was not read: the stream cannot be reused
+            self.send_error_json(exc.status, str(exc))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            self.send_error_json(400, f"invalid JSON body: {type(exc).__name__}: {exc}")
         except Exception as exc:
             self.send_error_json(500, f"{type(exc).__name__}: {exc}")
 

@@ -253,8 +253,7 @@ def make_proxy_handler(proxy: VllmProxy) -> type[JsonHandler]:
                 self.send_error_json(500, str(exc))
 
         def _forward(self, method: str) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else None
+            raw = self.read_body() or None
             ctype = self.headers.get("Content-Type")
             status, data = proxy.upstream.call(method, self.path, raw=raw, timeout=proxy.request_timeout_s,
                                                headers={"Content-Type": ctype} if ctype else None)
