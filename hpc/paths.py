@@ -7,6 +7,7 @@ sockets go to node-local scratch (see :func:`node_scratch`).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,3 +102,29 @@ class RunPaths:
 def node_scratch(configured: str = "") -> Path:
     """Node-local scratch: the configured dir, else $TMPDIR, else the system temp dir."""
     return Path(configured or os.environ.get("TMPDIR") or tempfile.gettempdir())
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) or accept an existing one only if it is ours and safe.
+
+    Node-local scratch usually sits in a /tmp that every user of the node shares, under a name
+    others can predict. A directory (or symlink) planted there by another user would hand them our
+    image cache, work dirs and sockets, so an existing entry must be a real directory owned by this
+    uid that nobody else can write; one that others can only read is tightened to 0700. Raises
+    PermissionError naming the path and the problem otherwise.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    problem = ("is not a directory (a symlink or file planted there?)" if not stat.S_ISDIR(st.st_mode) else
+               f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})" if st.st_uid != os.getuid() else
+               f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+    if problem:
+        raise PermissionError(f"{path} {problem}; refusing to use it as private scratch. Remove it, or set "
+                              "sandbox.scratch_dir (or $TMPDIR) to a directory of your own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path

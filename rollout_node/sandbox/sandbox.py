@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SandboxError
-from hpc.paths import node_scratch
+from hpc.paths import node_scratch, private_dir
 from rollout_node.sandbox import spawner
 from rollout_node.sandbox.files import FileTools
 from rollout_node.sandbox.images import ImageCache, ImageLease, default_image
@@ -302,10 +302,12 @@ def _kill_marked(key: str) -> None:
 
 
 def user_scratch(cfg: SandboxConfig) -> Path:
-    """This user's node-local scratch (per uid: several users may share a node's $TMPDIR)."""
-    path = node_scratch(cfg.scratch_dir) / f"spoolrl-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    """This user's node-local scratch (per uid: several users may share a node's $TMPDIR), checked to be
+    ours (owner, mode, not a symlink: :func:`hpc.paths.private_dir`). Raises SandboxError."""
+    try:
+        return private_dir(node_scratch(cfg.scratch_dir) / f"spoolrl-{os.getuid()}")
+    except OSError as exc:
+        raise SandboxError(f"node-local scratch is unusable: {exc}") from exc
 
 
 _warned_local = False
