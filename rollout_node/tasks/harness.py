@@ -18,20 +18,43 @@ What :func:`evaluate` does, in order (every step on a fresh directory under ``sc
    and runner configuration. Lines the diff adds to other files that name test-runner internals
    (``_pytest``, ``hookimpl``, ``TestReport``...) flag the result and force reward 0, unless the
    repository's own code already names them.
-4. Apply the test patch; run the tests in a FRESH sandbox whose ``/work`` is this tree. The default
-   runner is ``python3 -I -B`` (no user site, no PYTHON* variables, no bytecode written; agent-added
-   bytecode was deleted in step 3) with a cleared environment, ``-p no:cacheprovider``, plugin autoload off, and
-   ``-rA -v`` so the log parser (not the exit code) decides each test.
-5. Reward 1 only if every FAIL_TO_PASS and PASS_TO_PASS test PASSED.
+4. Apply the test patch; write a fresh per-run key into the tree (``KEYFILE``); run the tests in a
+   FRESH sandbox whose ``/work`` is this tree. The default runner (:mod:`rollout_node.tasks.evalrunner`)
+   is ``python3 -I -B`` with a cleared environment, plugin autoload off and ``-p no:cacheprovider``;
+   it reads and unlinks the key before any code of the tree runs.
+5. Outcomes come ONLY from the runner's result frame, authenticated with the key
+   (:mod:`rollout_node.tasks.results`); the log is for humans. Reward 1 only if every FAIL_TO_PASS
+   and PASS_TO_PASS test PASSED and nothing is flagged.
 
-Statuses: ``ok`` (the reward is meaningful), ``timeout`` (the test run exceeded ``timeout_s``; tests
-not reported count as MISSING, reward 0), ``harness_error`` (an infrastructure fault: sandbox did not
-start, repo missing, broken task; the pipeline must exclude it from the loss, never score it 0).
+Statuses: ``ok`` (the reward is meaningful), ``timeout`` (the test run exceeded ``timeout_s``; reward
+0), ``harness_error`` (an infrastructure fault: sandbox did not start, repo missing, broken task, the
+runner never started; the pipeline must exclude it from the loss, never score it 0).
 
-Not prevented: code under test runs in the test process and could subvert the runner from inside
-in ways the static check above does not see (obfuscated names, ``getattr`` tricks, writing to the
-saved stdout descriptor). The sandbox contains such code; a second, out-of-process opinion on the
-results would be the next step.
+Threat model (the code under test is hostile; it runs inside the runner's process):
+
+- Prevented: results imitated in the output (text, or frames with a guessed MAC: the key never
+  leaves the runner's memory, the key file is gone before the tree runs); results written after the
+  runner finished (it leaves with ``os._exit`` right after its frame, so no atexit hook of the tree
+  runs, and the sandbox's pid namespace ends with it); a flood pushing the real results out of the
+  bounded log (the frame is written last and the log is never parsed); the tree shadowing the runner
+  or the modules it imports (all imported before the tree joins ``sys.path``); config and hooks read
+  before collection (``conftest.py``, ``pytest.ini``/``pytest.toml``/``tox.ini``/``setup.cfg``/
+  ``pyproject.toml`` anywhere, ``sitecustomize``/``usercustomize``, ``*.pth``, bytecode, dist-info
+  entry points: new ones deleted, base ones reset); ``ctypes`` and ``/proc/*/mem`` (refused).
+- Detected (reward 0, a ``tamper:`` flag): runner functions, classes, methods and descriptors
+  replaced or added (checked at every report against a snapshot taken before the tree was
+  importable); plugins whose code is the tree's; from the tree's non-test code: ``sys._getframe`` /
+  ``inspect`` frames, traceback and generator frames, ``sys._current_frames``, trace and profile
+  hooks, ``gc`` object walks, ``__code__`` writes, ``import _pytest``/``pluggy``; a missing, cut or
+  forged frame (a ``results:`` flag); lines of the diff naming runner internals (the static scan).
+- Not prevented: frames reached through a stdlib helper that returns one (``logging.currentframe``,
+  ``traceback.walk_stack``) and walked with ``f_back`` (not audited by CPython); from there, changes to
+  *instances* (the session, items, this run's recorder and its snapshot) rather than to runner
+  classes; tree code that runs before pytest's configure (rootdir conftest imports) replacing runner
+  objects with other objects defined in the runner's own packages; finalizers and threads of the tree
+  running during the runner's last step; and making the tested functions right only while tests run
+  (that is a fix as far as the tests can tell). Tasks with their own ``test_cmd`` are read from the
+  log (unittest/Django style), with only the reset of step 3 and a truncated log forcing reward 0.
 """
 
 from __future__ import annotations
@@ -53,14 +76,17 @@ from typing import Any, Protocol
 
 from hpc.config import SandboxConfig
 from hpc.errors import SandboxError, SpoolrlError
+from rollout_node.tasks.evalrunner import BOOT
 from rollout_node.tasks.instance import TaskInstance
 from rollout_node.tasks.parsers import outcomes_for
 from rollout_node.tasks.patches import added_lines, patch_paths
 from rollout_node.tasks.repos import find_mirror, harness_git_dir, run_git
+from rollout_node.tasks.results import SOURCE, read_results
 
 log = logging.getLogger(__name__)
-PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                             "sitecustomize.py", "usercustomize.py"})
+KEYFILE = ".spoolrl-eval-key"  # the runner reads and unlinks it before any code of the tree runs
+PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
+                             "setup.cfg", "pyproject.toml", "sitecustomize.py", "usercustomize.py", KEYFILE})
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "sitecustomize",
                             "usercustomize"})
 SHADOW_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
@@ -72,13 +98,6 @@ RUNNER_INTERNALS = re.compile(r"\b(_pytest|pluggy|TestReport|hookimpl|pytest_run
 EVAL_OUTPUT_KB = 4096
 LOG_EXCERPT_CHARS = 8000
 EVAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Runs inside the sandbox. pytest is imported BEFORE the tree joins sys.path, so the tree cannot
-# replace the runner; -I already dropped cwd, PYTHONPATH and user site-packages. argv[1] is the
-# start marker: printed before any code of the tree runs, it tells "tests ran" from "the sandbox or
-# the runner never started" (an infrastructure failure, not reward 0).
-RUNNER = ("import os, sys; import pytest; print(sys.argv[1], flush=True); sys.path.insert(0, os.getcwd()); "
-          "sys.exit(pytest.main(['-rA', '-v', '-p', 'no:cacheprovider', '--color=no', '--tb=short', "
-          "'--continue-on-collection-errors', *sys.argv[2:]]))")
 
 
 class ExecResult(Protocol):
@@ -88,6 +107,8 @@ class ExecResult(Protocol):
     def output(self) -> str: ...
     @property
     def timed_out(self) -> bool: ...
+    @property
+    def truncated(self) -> bool: ...
 
 
 Opener = Callable[..., AbstractContextManager[Any]]
@@ -157,17 +178,40 @@ def _evaluate_in(task: TaskInstance, diff: str, evaldir: Path, sandbox_cfg: Sand
         return EvalResult(task.instance_id, 0.0, "ok", missing, True,
                           "the test patch does not apply after the agent's changes")
     marker = f"spoolrl-eval-start-{secrets.token_hex(8)}"
+    key = _write_key(tree.root)
     argv = build_test_argv(task, tree.root, eval_python, marker)
     run = _run_in_sandbox(task, tree.root, argv, sandbox_cfg, timeout_s, opener)
     if marker not in run.output:
         raise SandboxError(f"the test runner never started (no start marker; timed out: {run.timed_out}); "
                            f"check the image and tasks.eval_python. Output: {run.output[-600:]!r}")
-    outcomes = outcomes_for(task.tests, run.output, task.log_parser)
+    outcomes, more = _outcomes(task, run, key)
+    flags.extend(more)
     passed = all(v == "PASSED" for v in outcomes.values())
     status = "timeout" if run.timed_out else "ok"
     reward = 1.0 if passed and status == "ok" and not flags else 0.0
     return EvalResult(task.instance_id, reward, status, outcomes, True, run.output[-LOG_EXCERPT_CHARS:],
                       flags=tuple(flags))
+
+
+def _write_key(root: Path) -> bytes:
+    """A fresh per-run key in ``root/KEYFILE`` (0600, never through a link the tree left)."""
+    key = secrets.token_hex(32).encode()
+    path = root / KEYFILE
+    if path.is_symlink() or path.exists():
+        _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
+def _outcomes(task: TaskInstance, run: ExecResult, key: bytes) -> tuple[dict[str, str], list[str]]:
+    """Outcomes and flags: the runner's verified frame; for a custom ``test_cmd``, the log (see the docstring)."""
+    if not task.test_cmd:
+        results = read_results(run.output, key, task.tests)
+        return results.outcomes, list(results.flags)
+    flags = ["results: the log was truncated (results may be pushed out)"] if getattr(run, "truncated", False) else []
+    return outcomes_for(task.tests, run.output, task.log_parser), flags
 
 
 def _checkout(task: TaskInstance, evaldir: Path, repo_cache: Path) -> _Tree:
@@ -312,7 +356,8 @@ def build_test_argv(task: TaskInstance, root: Path, eval_python: str, marker: st
            "PYTHONHASHSEED=0"]
     files = files_to_test(task, root)
     if not task.test_cmd:
-        return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", RUNNER, marker, *files]
+        return [*env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", eval_python, "-I", "-B", "-c", BOOT, SOURCE, marker, KEYFILE,
+                *files]
     modules = [f[:-3].removeprefix("tests/").replace("/", ".") for f in files if f.endswith(".py")]
     cmd = task.test_cmd
     if "{test_files}" in cmd or "{test_modules}" in cmd:

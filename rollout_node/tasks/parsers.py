@@ -161,6 +161,11 @@ def outcomes_for(tests: tuple[str, ...], log: str, parser: str) -> dict[str, str
     """Every test in ``tests`` -> its outcome; unreported tests are ERROR if their file/module failed, else MISSING."""
     found = PARSERS[parser](log)
     broken = pytest_collection_errors(log) if parser == "pytest" else unittest_import_errors(log)
+    return outcomes_from(tests, found, broken, parser)
+
+
+def outcomes_from(tests: tuple[str, ...], found: dict[str, str], broken: set[str], parser: str) -> dict[str, str]:
+    """Every test in ``tests`` -> its outcome in ``found``; else ERROR if its file/module is ``broken``, else MISSING."""
     result = {}
     for test in tests:
         key = canonical_test_id(test, parser)

@@ -21,6 +21,7 @@ from rollout_node.tasks import (
     load_tasks,
     prepare_workdir,
 )
+from rollout_node.tasks.parsers import outcomes_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -138,6 +139,10 @@ def _naive_argv(task: TaskInstance, root: Path, eval_python: str, marker: str) -
             *harness.files_to_test(task, root)]
 
 
+def _naive_outcomes(task: TaskInstance, run: harness.ExecResult, key: bytes) -> tuple[dict[str, str], list[str]]:
+    return outcomes_for(task.tests, run.output, task.log_parser), []
+
+
 @pytest.mark.parametrize("name", sorted(TAMPERS))
 def test_tampering_scores_zero(env: dict[str, Path], name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     task = task_named("spoolrl__textkit-1")
@@ -145,18 +150,19 @@ def test_tampering_scores_zero(env: dict[str, Path], name: str, monkeypatch: pyt
     assert diff.strip()
     result = run(env, task, diff)
     assert (result.status, result.reward, result.diff_applied) == ("ok", 0.0, True), result.log
-    if name == "patch_runner_from_library":  # works in-process (the test "passes"); the static check catches it
-        assert result.flags == ("textkit/core.py: names test-runner internals (TestReport, _pytest)",)
+    if name == "patch_runner_from_library":  # refused in-process, and flagged
+        assert any(f.startswith("tamper: import _pytest.reports from /work/") for f in result.flags), result.flags
+    if name == "patch_runner_from_library":  # the static check names it too
+        assert "textkit/core.py: names test-runner internals (TestReport, _pytest)" in result.flags
     else:
         assert result.outcomes[task.FAIL_TO_PASS[0]] in ("FAILED", "MISSING")
-    if name == "fake_results_after_summary":  # the forged lines really were in the log
-        assert "PASSED tests/test_textkit.py::test_truncate_respects_width" in result.log
     if name == "exit_zero_at_import":
         assert set(result.outcomes.values()) == {"MISSING"}
     if name in NAIVE_FOOLED:
         monkeypatch.setattr(harness, "_neutralise", lambda tree, task: None)
         monkeypatch.setattr(harness, "_suspicious", lambda tree, task, diff: [])
         monkeypatch.setattr(harness, "build_test_argv", _naive_argv)
+        monkeypatch.setattr(harness, "_outcomes", _naive_outcomes)
         naive = run(env, task, diff)
         assert naive.reward == 1.0, f"tamper {name} does not even fool a naive harness:\n{naive.log}"
 

@@ -87,8 +87,10 @@ def test_runner_internals_flag_spares_repositories_that_use_them(tmp_path: Path)
     clean = score(task, fix("# registers a hookimpl\n"), cache, tmp_path)
     assert (clean.reward, clean.flags) == (1.0, ())
     flagged = score(task, fix("import _pytest  # noqa\n"), cache, tmp_path)
-    assert flagged.outcomes[task.FAIL_TO_PASS[0]] == "PASSED"
-    assert (flagged.reward, flagged.flags) == (0.0, ("plug/core.py: names test-runner internals (_pytest)",))
+    assert flagged.outcomes[task.FAIL_TO_PASS[0]] == "ERROR", "the import is refused in-process"
+    assert flagged.reward == 0.0
+    assert flagged.flags[0] == "plug/core.py: names test-runner internals (_pytest)"
+    assert any(f.startswith("tamper: import _pytest from ") for f in flagged.flags), flagged.flags
 
 
 def test_unexpected_runtime_faults_become_harness_errors(cache: Path, tmp_path: Path) -> None:
