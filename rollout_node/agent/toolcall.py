@@ -11,13 +11,16 @@ Guarantees:
   generated whatever the parse says.
 - One call per turn: the first ``<tool_call>`` block counts; later blocks are ignored and the
   observation says so.
-- :func:`parse_tool_call` never raises: no call, an unclosed block, bad JSON, an unknown tool or
-  wrong arguments all come back as a :class:`ParseError` whose message becomes the observation.
+- :func:`parse_tool_call` never raises: no call, an unclosed block, bad JSON (also ``NaN``/
+  ``Infinity``, numbers of more than 30 digits, nesting deeper than 64 levels), an unknown tool or
+  wrong arguments (also numbers out of range: timeouts must be finite and in (0, 1e6], line numbers
+  in [-1, 1e9]) all come back as a :class:`ParseError` whose message becomes the observation.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +52,16 @@ Tools:
 - str_replace {"path": str, "old": str, "new": str}: replace the one occurrence of old with new.
 - insert {"path": str, "line": int, "text": str}: insert text after line (0 = at the top).
 - submit {}: finish; your changes to the repository are evaluated."""
+
+
+MAX_DEPTH = 64
+MAX_DIGITS = 30
+MAX_TIMEOUT_S = 1e6
+MAX_LINE = 10**9
+
+
+class _Refused(ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -89,19 +102,55 @@ def _check_arguments(name: str, args: Mapping[str, Any]) -> str | None:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
             return f"tool {name!r}: argument {arg!r} must be {typ.__name__}, got {type(value).__name__}"
+        if typ is float and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+            return f"tool {name!r}: argument {arg!r} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
+        if typ is int and not -1 <= value <= MAX_LINE:
+            return f"tool {name!r}: argument {arg!r} must be a line number in [-1, {MAX_LINE}]"
     return None
 
 
+def _refuse_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not a JSON number")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise _Refused(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _depth(body: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings (cheap; bounds json's recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in body:
+        if in_string:
+            escaped, in_string = (not escaped and ch == "\\"), in_string and (escaped or ch != '"')
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def _decode_call(body: str) -> ToolCall | ParseError:
+    if _depth(body) > MAX_DEPTH:
+        return ParseError(f"tool call is nested deeper than {MAX_DEPTH} levels", "bad_json")
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, parse_constant=_refuse_constant, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         return ParseError(f"tool call is not valid JSON ({exc.msg} at char {exc.pos})", "bad_json")
+    except (ValueError, RecursionError, MemoryError) as exc:  # _Refused, float overflow, deep nesting
+        return ParseError(f"tool call is not acceptable JSON ({str(exc)[:200]})", "bad_json")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ParseError('tool call must be a JSON object {"name": ..., "arguments": {...}}', "bad_json")
     name, args = obj["name"], obj.get("arguments", {})
     if name not in TOOL_SPECS:
-        return ParseError(f"unknown tool {name!r}; tools: {', '.join(TOOL_SPECS)}", "unknown_tool")
+        return ParseError(f"unknown tool {name[:100]!r}; tools: {', '.join(TOOL_SPECS)}", "unknown_tool")
     if not isinstance(args, dict):
         return ParseError(f"tool {name!r}: 'arguments' must be a JSON object", "bad_arguments")
     problem = _check_arguments(name, args)
