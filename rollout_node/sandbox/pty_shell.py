@@ -112,7 +112,7 @@ class PtyShell:
         """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError."""
         t0 = time.monotonic()
         nonce = secrets.token_hex(8)
-        self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d+)\x1e")
+        self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d{1,3})\x1e")  # status <= 255: a forged huge one is output
         launch = self._launch(nonce)
         master, slave = _open_pty(*self._dims)
         # `setsid --ctty` makes the PTY the controlling terminal of a new session (Ctrl-C reaches the
