@@ -88,6 +88,11 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 40
     return out
 
 
+def cached_tiny_model(seed: int = 0, **overrides: Any) -> Path:
+    """The cache's own copy of a tiny model (built on a miss); read it, never write into it."""
+    return _cached_build(TinySpec(seed=seed, **overrides))
+
+
 def _is_build_of(path: Path, spec: TinySpec) -> bool:
     try:
         return json.loads((path / MARKER).read_text()).get("key") == spec.key()

@@ -1,0 +1,100 @@
+"""The demo's policy before RL: the tiny model, warm-started on format-only ``builtin-pick`` episodes.
+
+Part of the CLI face (with ``hpc/demo.py``): it joins the rollout side (the agent's pieces build the
+transcripts) and the model side (``train_node.infer.warm`` fits and samples), so both are imported
+inside the functions only.
+
+Guarantees:
+- :func:`warm_model` is cached (same seed and settings: the same directory, no refit) and takes
+  about a minute on 2 cores on a miss.
+- :func:`measure` reports, before any RL step, the share of well-formed episodes (an edit of the
+  setting to one of the K values, then submit, through the real agent loop) and the reward: the
+  sampled share of correct answers and the exact expectation from the value token's probabilities.
+  The transcripts draw the value independently of the statement, so the expectation is about 1/K.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TRANSCRIPTS = 256
+
+
+def warm_model(seed: int = 0, *, transcripts: int = TRANSCRIPTS, steps: int | None = None) -> Path:
+    """The cached warm-started tiny model for ``run.seed`` = ``seed``."""
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin.warm import transcripts as build_transcripts
+    from train_node.infer.tiny import cached_tiny_model
+    from train_node.infer.warm import WarmSpec, cached_warm_start
+
+    base = cached_tiny_model(seed=seed)
+    template = ChatTemplate.from_model_dir(base)
+    examples = [(t.token_ids, t.loss_mask) for t in
+                build_transcripts(template, load_tasks("builtin-pick"), transcripts, seed=seed)]
+    spec = WarmSpec(seed=seed) if steps is None else WarmSpec(seed=seed, steps=steps)
+    return cached_warm_start(base, examples, spec)
+
+
+class _LocalPolicy:
+    """The agent loop's Policy over an in-process sampler (measurement only; the demo uses the servers)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def generate(self, prompt_ids: Any, sampling: Any) -> Any:
+        from rollout_node.agent.policy import Completion
+
+        ids, logps = self.sampler.generate(prompt_ids, sampling.max_tokens, sampling.temperature,
+                                           sampling.stop_token_ids)
+        return Completion(token_ids=tuple(ids), logprobs=tuple(logps), versions=(0,) * len(ids))
+
+
+def expected_reward(model_dir: Path, temperature: float) -> dict[str, Any]:
+    """Exact: the mean over instances of P(the named value) at ``temperature``, and the mass on the K values."""
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin.pick import VALUES, answer_of
+    from rollout_node.tasks.builtin.warm import value_prefix
+    from train_node.infer.warm import value_probabilities
+
+    template = ChatTemplate.from_model_dir(model_dir)
+    tasks = load_tasks("builtin-pick")
+    prefixes = [value_prefix(template, t) for t in tasks]
+    probs = value_probabilities(model_dir, [p for p, _ in prefixes], prefixes[0][1], temperature)
+    correct = [row[VALUES.index(answer_of(t))] for row, t in zip(probs, tasks, strict=True)]
+    by_answer = {}  # answer the statement names -> mean probability of each value: no diagonal before RL
+    for a in VALUES:
+        rows = [r for r, t in zip(probs, tasks, strict=True) if answer_of(t) == a]
+        by_answer[a] = [round(sum(r[i] for r in rows) / len(rows), 3) for i in range(len(VALUES))]
+    return {"expected_reward": sum(correct) / len(correct), "value_mass": sum(map(sum, probs)) / len(probs),
+            "mean_probs_by_answer": by_answer, "values": list(VALUES)}
+
+
+def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, seed: int = 0) -> dict[str, Any]:
+    """Sampled episodes through the real agent loop (tools: the sandbox's file tool on a copy of the repo)."""
+    import random
+
+    from rollout_node.agent.loop import AgentLoop
+    from rollout_node.agent.prompts import task_messages
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin.pick import VALUES, answer_of
+    from rollout_node.tasks.builtin.warm import RepoFileTools, limits
+    from train_node.infer.warm import Sampler
+
+    template = ChatTemplate.from_model_dir(model_dir)
+    loop = AgentLoop(template, limits(temperature=temperature))
+    policy, tools = _LocalPolicy(Sampler(model_dir, seed=seed)), RepoFileTools()
+    tasks, rng = load_tasks("builtin-pick"), random.Random(seed)
+    well_formed = correct = 0
+    for _ in range(episodes):
+        task = rng.choice(tasks)
+        tools.reset()
+        result = loop.run(task_messages(task.problem_statement), policy, tools)
+        ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
+        well_formed += ok
+        correct += ok and tools.written == answer_of(task)
+    return {"episodes": episodes, "temperature": temperature, "well_formed_share": well_formed / episodes,
+            "sampled_reward": correct / episodes, **expected_reward(model_dir, temperature)}

@@ -1,0 +1,117 @@
+"""Format-only episodes of ``builtin-pick``: the warm start's transcripts, and a scorer for sampled episodes.
+
+Guarantees:
+- Token-exact: a transcript is what the real :class:`~rollout_node.agent.loop.AgentLoop` records for
+  the episode (the real ChatTemplate pieces, system prompt, observation wrapping and budget), driven
+  by a scripted policy that emits the canonical tool calls (:func:`~rollout_node.tasks.builtin.pick.solution_calls`)
+  and by tools whose ``str_replace`` is the sandbox's own host-side implementation on a copy of the
+  repository's file. A model trained on them has seen exactly the IDs it will be prompted with.
+- Format only: the value a transcript writes is drawn uniformly from ``VALUES``, independently of
+  the statement (``rng`` decides both, separately), so the statement carries no information about
+  the answer in this data. A model fitted to it scores 1/K in expectation before RL.
+- Imports no torch: the model side (training, sampling) is ``train_node.infer.warm``.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout_node.agent.loop import AgentLimits, AgentLoop
+from rollout_node.agent.policy import Completion, SamplingParams
+from rollout_node.agent.prompts import task_messages
+from rollout_node.agent.template import ChatTemplate
+from rollout_node.agent.toolcall import ToolCall, format_tool_call
+from rollout_node.agent.tools import ToolOutput
+from rollout_node.tasks.builtin import REPOS_DIR
+from rollout_node.tasks.builtin.pick import CONFIG, VALUES, answer_of, solution_calls, written_value
+from rollout_node.tasks.instance import TaskInstance
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One episode as the trainer would see it: IDs and the mask of the policy's own tokens."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    value: str
+    answer: str
+
+
+class _Script:
+    """A policy that speaks the given tool calls, one per turn, as canonical token IDs."""
+
+    def __init__(self, template: ChatTemplate, calls: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        self.turns = [[*template.encode_content(format_tool_call(n, a)), template.im_end] for n, a in calls]
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        ids = tuple(self.turns.pop(0)[: sampling.max_tokens])
+        return Completion(token_ids=ids, logprobs=(0.0,) * len(ids), versions=(0,) * len(ids))
+
+
+class RepoFileTools:
+    """str_replace/submit on a private copy of the ``summary`` repository (the sandbox's file tool, no sandbox).
+
+    Each episode starts from the pristine repository; ``written`` is the value the episode wrote.
+    """
+
+    def __init__(self) -> None:
+        from rollout_node.sandbox.files import FileTools
+
+        self._dir = Path(tempfile.mkdtemp(prefix="spoolrl-pick-"))
+        self._files = FileTools(self._dir, "/work", keep=64 * 1024, max_file_bytes=1 << 20)
+        self.written: str | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        target = self._dir / CONFIG
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((REPOS_DIR / "summary" / CONFIG).read_text())
+        self.written = None
+
+    def execute(self, call: ToolCall) -> ToolOutput:
+        if call.name != "str_replace":
+            return ToolOutput(text=f"error: {call.name} is not available in this stand-in\n", exit_code=1)
+        a = call.arguments
+        result = self._files.str_replace(a["path"], a["old"], a["new"])
+        if result.exit_code == 0:
+            self.written = written_value(a)
+        return ToolOutput(text=str(result.output), exit_code=result.exit_code)
+
+    def submit(self) -> ToolOutput:
+        return ToolOutput(text="")
+
+
+def limits(max_new_tokens_per_turn: int = 64, temperature: float = 1.0) -> AgentLimits:
+    """The agent budget the demo runs builtin-pick with (two turns: edit, submit)."""
+    return AgentLimits(max_turns=3, max_tokens=1024, max_new_tokens_per_turn=max_new_tokens_per_turn,
+                       observation_max_tokens=128, temperature=temperature)
+
+
+def transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], n: int, *, seed: int = 0,
+                agent_limits: AgentLimits | None = None) -> list[Transcript]:
+    """``n`` canonical episodes: statement and written value drawn independently and uniformly."""
+    rng_task, rng_value = random.Random(seed), random.Random(seed + 7919)
+    loop = AgentLoop(template, agent_limits or limits())
+    tools = RepoFileTools()
+    out = []
+    for _ in range(n):
+        task, value = rng_task.choice(list(tasks)), rng_value.choice(VALUES)
+        tools.reset()
+        result = loop.run(task_messages(task.problem_statement), _Script(template, solution_calls(value)), tools)
+        assert result.submitted and tools.written == value, (result.stop_reason, result.error)
+        out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, answer_of(task)))
+    return out
+
+
+def value_prefix(template: ChatTemplate, task: TaskInstance) -> tuple[list[int], list[int]]:
+    """(IDs up to the value in the canonical first turn, the ID of each value in VALUES order)."""
+    first = template.first_prompt(task_messages(task.problem_statement))
+    calls = [template.encode_content(format_tool_call(*solution_calls(v)[0])) for v in VALUES]
+    cut = next(i for i in range(len(calls[0])) if len({c[i] for c in calls}) > 1)
+    assert all(c[:cut] == calls[0][:cut] for c in calls), "the values must follow one common prefix"
+    return first + calls[0][:cut], [c[cut] for c in calls]
