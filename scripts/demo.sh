@@ -4,9 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SPOOLRL_VENV:-$root/.venv}
-if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
-fi
+"$root/scripts/system_packages.sh" demo   # as root: installs what the demo path needs; otherwise names it
 "$root/scripts/setup_env.sh" --no-dev
 [ -x "$root/scripts/build_image.sh" ] && "$root/scripts/build_image.sh"
 exec "$venv/bin/spoolrl" demo "$@"

