@@ -34,7 +34,7 @@ def test_selected_by_name_and_every_statement_names_its_own_answer() -> None:
         assert named == {answer}, (task.instance_id, task.problem_statement)
         assert f'+AGGREGATE = "{answer}"' in task.patch and CONFIG in task.patch
     statements = {t.problem_statement.replace(f"`{answer_of(t)}`", "`?`") for t in tasks}
-    assert len(statements) >= 4, "the phrasings must differ, so the value's position does not give it away"
+    assert len(statements) >= 4, "the openings must differ"
 
 
 def test_values_are_single_tokens_of_the_tiny_tokenizer(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ What makes it learnable by a tiny model in minutes (and still a test of the whol
   backticks (a token of its own in the tiny tokenizer; :func:`single_token_values` checks it).
 - One canonical solution of two short turns (:func:`solution_calls`): a ``str_replace`` whose last
   argument is the value (a single token after a fixed prefix), then ``submit``.
-- Several phrasings put the value at different places, so position alone does not solve it.
+- Every statement ends with the same request naming the value (a fixed distance from the end of the
+  prompt); four openings phrase the rest differently and name the value once or twice more.
 A policy that ignores the statement scores 1/K in expectation.
 """
 
@@ -30,18 +31,17 @@ TEST_FILE = "tests/test_aggregate.py"
 # summarize([3, 9, 2, 6]) under each aggregate: four distinct answers, so a test tells them apart.
 SAMPLE = (3, 9, 2, 6)
 EXPECTED = {"min": 2, "max": 9, "first": 3, "last": 6}
-PHRASINGS = (
+# Each statement ends with the same request, so the value sits at a fixed distance from the end of the
+# prompt (where a small model can learn to look); the openings differ and mention the value again.
+CLOSING = "Set `AGGREGATE` in summary/config.py to `{v}`.\n"
+PHRASINGS = tuple(opening + CLOSING for opening in (
     "summarize() must report the `{v}`\n\n"
-    "`summarize(values)` raises ValueError because `AGGREGATE` in summary/config.py is still unset. "
-    "It should report the `{v}` of the values.\n",
-    "Reports need the `{v}` aggregate\n\n"
-    "Our dashboards call `summarize()` and expect the `{v}` of each list. Configure it in summary/config.py.\n",
-    "Set the summary aggregate\n\n"
-    "Please make summarize() return the `{v}` of its input; the setting lives in summary/config.py.\n",
+    "`summarize(values)` raises ValueError because the aggregate is still unset; it should be the `{v}`. ",
+    "Reports need the `{v}` aggregate\n\nOur dashboards call `summarize()` and expect the `{v}` of each list. ",
+    "Use the `{v}` in summaries\n\nPlease make summarize() return the `{v}` of its input. ",
     "summarize() is not configured\n\n"
-    "Calling `summarize([3, 9, 2, 6])` fails with `unknown aggregate 'unset'`. The team agreed on `{v}`: "
-    "set AGGREGATE accordingly.\n",
-)
+    "Calling `summarize([3, 9, 2, 6])` fails with `unknown aggregate 'unset'`. The team agreed on `{v}`. ",
+))
 
 
 def _test_source(value: str) -> str:
