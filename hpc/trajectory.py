@@ -62,6 +62,42 @@ def staleness(trainer_version: int, policy_versions: npt.ArrayLike) -> int:
     return int(trainer_version - int(generated.min()))
 
 
+# The one kind of behaviour logprob the trainer reproduces: log_softmax(logits / T) at the sampled token.
+TRAINABLE_LOGPROB_KIND = "processed"
+
+
+def sampling_refusal(temperature: Any, top_p: Any = 1.0, top_k: Any = None) -> str:
+    """Why samples drawn with these settings cannot be trained ('' = they can).
+
+    The trainer scores ``log_softmax(logits / T)`` over the full vocabulary. It cannot reproduce a
+    greedy pick (T = 0, no distribution), a nucleus (top_p < 1) or a top-k cut, so such samples would
+    give a wrong importance ratio and a biased gradient. One rule, used by the config check and by
+    the trainer's consumer.
+    """
+    try:
+        t, p = float(temperature), float(1.0 if top_p is None else top_p)
+    except (TypeError, ValueError):
+        return f"temperature {temperature!r} / top_p {top_p!r} are not numbers"
+    if not (np.isfinite(t) and t > 0):
+        return f"temperature {temperature!r}: the trainer needs a sampling distribution (a finite T > 0)"
+    if not (np.isfinite(p) and p >= 1.0):
+        return f"top_p {top_p!r}: the trainer scores the full softmax, it cannot reproduce a nucleus (use 1.0)"
+    if top_k not in (None, -1, 0):
+        return f"top_k {top_k!r}: the trainer scores the full softmax, it cannot reproduce a top-k cut (use -1)"
+    return ""
+
+
+def training_refusal(logprob_kind: str, sampling: Mapping[str, Any]) -> str:
+    """Why a trajectory's behaviour logprobs cannot be trained against ('' = they can); a drop reason."""
+    if logprob_kind != TRAINABLE_LOGPROB_KIND:
+        return f"logprob_kind:{logprob_kind}"
+    if "temperature" not in sampling:
+        return "sampling:unrecorded"
+    if sampling_refusal(sampling.get("temperature"), sampling.get("top_p", 1.0), sampling.get("top_k")):
+        return "sampling:unsupported"
+    return ""
+
+
 def _array(name: str, value: Any, dtype: type) -> npt.NDArray[Any]:
     arr: npt.NDArray[Any] = np.array(value, dtype=dtype, copy=True)
     if arr.ndim != 1:
@@ -81,7 +117,7 @@ class Trajectory:
     token_ids: npt.NDArray[np.int32]
     loss_mask: npt.NDArray[np.int8]
     logprobs: npt.NDArray[np.float32]
-    logprob_kind: str = "raw"
+    logprob_kind: str = "unknown"  # "processed" (trainable), "raw", "synthetic", "mixed", "unknown"
     policy_versions: npt.NDArray[np.int32]
     reward: float | None = None
     status: Status = Status.OK

@@ -55,7 +55,8 @@ def make_groups(n: int, args: argparse.Namespace, seed: int) -> list[Any]:
                 trajectory_id=f"{task}/{i}", task_id=task, group_id=task, sample_index=i,
                 token_ids=rng.integers(3, args.vocab, length).astype(np.int32), loss_mask=mask,
                 logprobs=np.where(mask == 1, -rng.uniform(4, 7, length), 0).astype(np.float32),
-                policy_versions=np.where(mask == 1, 10**6, -1).astype(np.int32), reward=float(i % 2)))
+                policy_versions=np.where(mask == 1, 10**6, -1).astype(np.int32), reward=float(i % 2),
+                logprob_kind="processed", sampling={"temperature": 1.0}))
         out.append(group)
     return out
 

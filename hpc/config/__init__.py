@@ -21,6 +21,7 @@ from hpc.config.spool import SpoolConfig
 from hpc.config.tasks import ModelConfig, RunSection, TasksConfig
 from hpc.config.trainer import AlgorithmConfig, TrainerConfig
 from hpc.errors import ConfigError
+from hpc.trajectory import sampling_refusal
 
 __all__ = [
     "AlgorithmConfig", "GroupConfig", "InferenceConfig", "ModelConfig", "RolloutConfig", "RunConfig",
@@ -56,11 +57,33 @@ class RunConfig:
                 "algorithm.group_size: 1 makes every group zero-variance, so drop_zero_variance would drop all; "
                 "use group_size >= 2 or drop_zero_variance: false"
             )
+        problems += self._sampling_problems() + self._length_problems()
         if self.trainer.precision == "bf16" and self.slurm.train.gpus_per_node == 0:
             problems.append(
                 "trainer.precision: bf16 without GPUs (slurm.train.gpus_per_node: 0) is slow on CPU; "
                 "use precision: fp32 for CPU runs"
             )
+        return problems
+
+
+    def _sampling_problems(self) -> list[str]:
+        """Sampling the trainer cannot reproduce (the rule is hpc.trajectory.sampling_refusal)."""
+        inf, problems = self.inference, []
+        if why := sampling_refusal(inf.temperature):
+            problems.append(f"inference.temperature: {why}; use a temperature > 0 (e.g. 0.7 or 1.0)")
+        if why := sampling_refusal(1.0, inf.top_p):
+            problems.append(f"inference.top_p: {why}; set it to 1.0")
+        return problems
+
+    def _length_problems(self) -> list[str]:
+        r, problems = self.rollout, []
+        if self.inference.max_model_len and r.max_tokens > self.inference.max_model_len:
+            problems.append(f"rollout.max_tokens: {r.max_tokens} exceeds inference.max_model_len "
+                            f"({self.inference.max_model_len}); lower rollout.max_tokens or raise max_model_len")
+        if r.max_tokens > self.trainer.max_seq_len:
+            problems.append(f"rollout.max_tokens: {r.max_tokens} exceeds trainer.max_seq_len ({self.trainer.max_seq_len})"
+                            "; the trainer would drop the longest episodes as too_long: lower rollout.max_tokens or "
+                            "raise trainer.max_seq_len")
         return problems
 
 

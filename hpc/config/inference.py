@@ -18,8 +18,10 @@ class InferenceConfig:
     interface: str = knob("", doc="network interface whose address is advertised ('' = hostname)", resumable=True)
     vllm_python: str = knob("python3", doc="interpreter of the environment that has vllm installed", resumable=True)
     vllm_args: list[str] = knob(factory=list, doc="extra arguments for the vLLM server", resumable=True)
-    temperature: float = knob(1.0, doc="sampling temperature", min=0.0)
-    top_p: float = knob(1.0, doc="nucleus sampling mass", min=0.0, max=1.0)
+    temperature: float = knob(1.0, doc="sampling temperature (> 0: the trainer scores log_softmax(logits / T), the "
+                              "distribution the tokens were drawn from)", min=0.0)
+    top_p: float = knob(1.0, doc="nucleus sampling mass (must stay 1.0 while training: the trainer cannot reproduce "
+                        "a nucleus)", min=0.0, max=1.0)
     request_timeout_s: float = knob(120.0, doc="timeout of one completion request", min=0.1, resumable=True)
     max_retries: int = knob(3, doc="retries (with backoff, failover to another server) per request", min=0,
                             resumable=True)

@@ -19,14 +19,15 @@ class RolloutConfig:
     eval_workers: int = knob(0, doc="EVAL workers (0 = from the node's CPUs)", min=0, resumable=True)
     queue_size: int = knob(8, doc="bound of each queue between stages", min=1, resumable=True)
     init_timeout_s: float = knob(300.0, doc="time limit inside INIT (not counting queueing)", min=1.0)
-    run_timeout_s: float = knob(1800.0, doc="time limit inside RUN (one episode)", min=1.0)
+    run_timeout_s: float = knob(1800.0, doc="time limit inside RUN (one episode), not counting time spent waiting "
+                                "for the inference server (each request is bounded by inference.request_timeout_s)",
+                                min=1.0)
     eval_timeout_s: float = knob(600.0, doc="time limit inside EVAL (the test run)", min=1.0)
     max_retries: int = knob(2, doc="retries of an episode after an infrastructure failure", min=0)
     max_turns: int = knob(20, doc="agent turns per episode", min=1)
     max_tokens: int = knob(4096, doc="total token budget per episode (prompt + generations)", min=16)
     max_new_tokens_per_turn: int = knob(256, doc="tokens generated per turn", min=1)
     observation_max_tokens: int = knob(512, doc="tool output is truncated to this many tokens", min=8)
-    max_staleness: int = knob(4, doc="cancel episodes whose oldest token is this many versions behind", min=0)
     scripted_plan: str = knob(
         "gold", doc="policy: scripted only: 'ACTION' or 'TASK_GLOB=A|B;...' (actions per attempt; see "
         "rollout_node.pipeline.scripted): gold, empty, tamper_test, tamper_conftest, tamper_pth, hang, slow, crash, "

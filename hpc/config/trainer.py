@@ -37,11 +37,23 @@ class AlgorithmConfig:
 
     group_size: int = knob(4, doc="samples per task (a GRPO group)", min=1)
     groups_per_step: int = knob(4, doc="task groups per optimizer step", min=1)
-    clip_low: float = knob(0.2, doc="lower clip: ratio >= 1 - clip_low", min=0.0, max=1.0)
-    clip_high: float = knob(0.28, doc="upper clip: ratio <= 1 + clip_high (DAPO clip-higher)", min=0.0)
+    clip_low: float = knob(0.2, doc="PPO clip around the proximal policy: pi/pi_prox >= 1 - clip_low (the "
+                           "proximal policy is the weights at the start of the step, so with one optimizer step per "
+                           "batch the clip never binds; off-policy samples are corrected by tis_cap)", min=0.0, max=1.0)
+    clip_high: float = knob(0.28, doc="PPO clip around the proximal policy: pi/pi_prox <= 1 + clip_high (DAPO "
+                            "clip-higher)", min=0.0)
     kl_coef: float = knob(0.0, doc="weight of the KL penalty against the reference model (0 = off)", min=0.0)
-    tis_cap: float = knob(2.0, doc="truncated importance weight cap for off-policy correction", min=1.0)
-    max_staleness: int = knob(4, doc="drop samples more than this many policy versions old", min=0)
+    tis_cap: float = knob(2.0, doc="decoupled off-policy correction: each token's loss is weighted by the detached, "
+                          "truncated importance weight min(pi/mu, tis_cap) against the behaviour policy mu", min=1.0)
+    max_staleness: int = knob(4, doc="the one staleness limit (policy versions between the weights that train a "
+                              "sample and its oldest token): rollout nodes cancel episodes that would exceed it, the "
+                              "trainer drops whole groups that do", min=0)
+    truncated: Literal["score", "mask"] = knob(
+        "score", doc="episodes that ran out of turns/tokens/context: 'score' trains them with their reward; 'mask' "
+        "keeps their reward in the group baseline but trains none of their tokens")
+    timeout: Literal["score", "mask"] = knob(
+        "mask", doc="episodes past rollout.run_timeout_s (tool and sandbox time; waiting for the inference server "
+        "does not count): 'score' or 'mask' as for truncated")
     drop_zero_variance: bool = knob(True, doc="drop groups whose rewards are all equal (DAPO dynamic sampling)")
     advantage_norm: Literal["group_std", "group_mean"] = knob(
         "group_std", doc="'group_std': (r - mean) / std; 'group_mean': r - mean"

@@ -61,6 +61,10 @@ def versions_from_spans(spans: Any, n: int) -> tuple[int, ...]:
     return tuple(v for v in out if v is not None)
 
 
+# a server's ``logprobs_mode`` (vLLM's names) -> the trajectory's ``logprob_kind``
+LOGPROB_KINDS = {"processed_logprobs": "processed", "raw_logprobs": "raw"}
+
+
 def parse_completion(data: Any, prompt_ids: Sequence[int], server: str, latency_s: float) -> Completion:
     """Validate a ``/v1/completions`` answer and turn it into a :class:`Completion`."""
     try:
@@ -78,7 +82,9 @@ def parse_completion(data: Any, prompt_ids: Sequence[int], server: str, latency_
         raise ProtocolError(f"server echoed other prompt_token_ids ({len(echoed)}) than were sent ({len(prompt_ids)})")
     versions = versions_from_spans(choice.get("weight_versions"), len(ids))
     return Completion(token_ids=ids, logprobs=logprobs, versions=versions,
-                      finish_reason=str(choice.get("finish_reason") or ""), server=server, latency_s=latency_s)
+                      finish_reason=str(choice.get("finish_reason") or ""),
+                      logprob_kind=LOGPROB_KINDS.get(str(choice.get("logprobs_mode")), "unknown"),
+                      server=server, latency_s=latency_s)
 
 
 @dataclass

@@ -156,12 +156,14 @@ class AgentLoop:
 
     def run(self, messages: Sequence[Message], policy: Policy, tools: Tools, *, seed: EpisodeSeed | None = None,
             cancel: Callable[[EpisodeResult], str | None] | None = None,
-            deadline: float | None = None) -> EpisodeResult:
+            deadline: float | Callable[[], float] | None = None) -> EpisodeResult:
         """Run one episode from ``messages`` (system + task) until a stop; see the module docstring.
 
         ``cancel(result_so_far)`` is asked before every generation; a reason string stops the episode
         as ``cancelled`` (e.g. too stale: ``hpc.trajectory.staleness(v, result.policy_versions)``).
-        ``deadline`` is a ``time.monotonic()`` instant; past it the episode stops as ``timeout``.
+        ``deadline`` is a ``time.monotonic()`` instant (or a callable giving it, for a deadline that
+        moves, e.g. one that does not count time spent waiting for the server); past it the episode
+        stops as ``timeout``.
         """
         t_start = time.perf_counter()
         ep = _Episode(self.template, self.template.first_prompt(messages))
@@ -186,12 +188,12 @@ class AgentLoop:
         return ep.result
 
     def _interrupted(self, ep: _Episode, cancel: Callable[[EpisodeResult], str | None] | None,
-                     deadline: float | None) -> bool:
+                     deadline: float | Callable[[], float] | None) -> bool:
         reason = cancel(ep.result) if cancel else None
         if reason:
             ep.stop("cancelled", Status.CANCELLED, reason)
             return True
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= (deadline() if callable(deadline) else deadline):
             ep.stop("timeout", Status.TIMEOUT, "episode time limit reached")
             return True
         return False

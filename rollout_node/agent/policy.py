@@ -6,8 +6,10 @@ scripted policy (pipeline tests, debugging) or a stand-in in benchmarks.
 Guarantees a policy must keep (the loop checks the lengths):
 - ``Completion.token_ids`` are the generated IDs exactly as produced, stop token included when
   the engine stopped on one; ``logprobs`` and ``versions`` have one entry per generated ID.
-- ``logprobs`` are raw (log-softmax of the unscaled logits, ``logprob_kind = "raw"``) unless the
-  policy says otherwise; ``versions`` are the policy versions the server reports per token.
+- ``logprobs`` are of the kind ``logprob_kind`` names: ``"processed"`` (the sampled token's
+  log-probability under the distribution it was drawn from, temperature applied: what the trainer
+  scores), ``"raw"`` (log-softmax of the unscaled logits) or ``"unknown"`` (the server did not say;
+  the trainer refuses such samples); ``versions`` are the policy versions the server reports per token.
 - ``prompt_ids`` is the loop's own growing list: a policy reads it and never mutates or keeps it
   (copying it would make each turn cost O(episode length)).
 - Infrastructure failure (no server could answer) raises :class:`hpc.errors.InferenceError`; the
@@ -44,6 +46,7 @@ class Completion:
     logprobs: tuple[float, ...]
     versions: tuple[int, ...]
     finish_reason: str = "stop"  # "stop" | "length"
+    logprob_kind: str = "unknown"  # "processed" | "raw" | "unknown" (see the module docstring)
     server: str = ""
     latency_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)

@@ -71,6 +71,12 @@ class EpisodeResult:
             **({"error": self.error} if self.error else {}),
         }
 
+    @property
+    def logprob_kind(self) -> str:
+        """The servers' logprob kind for this episode: one kind, or ``"mixed"`` (never trainable)."""
+        kinds = {t.completion.logprob_kind for t in self.turns if t.completion.token_ids}
+        return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "processed")
+
     def raise_for_infrastructure(self) -> None:
         """For callers that want infrastructure faults as exceptions (the pipeline's policy contract):
         ``inference_error`` -> InferenceError, ``sandbox_error`` -> SandboxError; the record stays valid."""
@@ -83,7 +89,7 @@ class EpisodeResult:
         """Keyword arguments for :class:`hpc.trajectory.Trajectory` that the agent loop owns."""
         return {
             "token_ids": self.token_ids, "loss_mask": self.loss_mask, "logprobs": self.logprobs,
-            "policy_versions": self.policy_versions, "logprob_kind": "raw", "status": self.status,
+            "policy_versions": self.policy_versions, "logprob_kind": self.logprob_kind, "status": self.status,
             "prompt_len": self.prompt_len, "timings": dict(self.timings), "metrics": self.metrics(),
             "sampling": dict(self.sampling),
         }

@@ -88,6 +88,11 @@ class Episode:
     def in_stage_s(self) -> float:
         return time.monotonic() - self.stage_t0
 
+    def charged_s(self) -> float:
+        """Time charged to the stage's limit: in RUN, time waiting for the inference server is not."""
+        waited = self.ctx.llm_wait_s if self.ctx is not None and self.stage == "run" else 0.0
+        return self.in_stage_s() - waited
+
     def abort(self, reason: str, *, hard: bool = True) -> None:
         """Stop the episode from another thread: ask the policy to stop, and (hard) kill its sandbox."""
         with self._lock:
@@ -121,7 +126,7 @@ class Episode:
             trajectory_id=f"{self.group.task_id}:s{self.sample_index}:a{self.attempt}",
             task_id=self.group.task_id, group_id=self.group.group_id, sample_index=self.sample_index,
             token_ids=np.asarray(tr.token_ids, np.int32), loss_mask=np.asarray(tr.loss_mask, np.int8),
-            logprobs=np.asarray(tr.logprobs, np.float32), policy_versions=np.asarray(tr.policy_versions, np.int32), logprob_kind=out.logprob_kind if out else "raw",
+            logprobs=np.asarray(tr.logprobs, np.float32), policy_versions=np.asarray(tr.policy_versions, np.int32), logprob_kind=out.logprob_kind if out else "unknown",
             reward=reward, status=status, timings=dict(self.timings),
             metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt},
             sampling={"seed": self.seed, "sample_attempt": self.attempt, **(out.sampling if out else {})},

@@ -27,12 +27,14 @@ Details:
   (:class:`~hpc.errors.SandboxError`). *INIT failure*: the image or the repository at base commit
   cannot be prepared, or INIT ran past ``init_timeout_s`` (a hung checkout is killed at that limit).
 - *tool hang*: one command past ``sandbox.command_timeout_s`` is a tool result, not a fault
-  (STYLE.md 9). Only the whole episode running past ``run_timeout_s`` (time inside RUN, not queued)
-  is the agent's timeout; it is trainable, scored on the diff it left.
+  (STYLE.md 9). Only the whole episode running past ``run_timeout_s`` (time inside RUN, not queued,
+  not waiting for the inference server) is the agent's timeout; it is trainable, scored on the diff
+  it left, and ``algorithm.timeout`` decides whether its tokens enter the loss.
 - *harness error*: ``evaluate`` reports ``harness_error``, raises, or runs past ``eval_timeout_s``.
   The agent's diff is kept, so a retry reruns the tests only.
-- *stale episode*: the oldest generated token is more than ``rollout.max_staleness`` versions
-  behind ``RUN/policy/LATEST`` (``hpc.trajectory.staleness``); a restart samples the newer policy.
+- *stale episode*: the oldest generated token is more than ``algorithm.max_staleness`` versions
+  behind ``RUN/policy/LATEST`` plus the versions expected during EVAL (``hpc.trajectory.staleness``,
+  ``rollout_node.pipeline.staleness``); a restart samples the newer policy.
 - *task cancelled*: a file ``RUN/control/cancel/<task_id>`` exists; the group is written with
   status ``cancelled`` so that the task is accounted for, and its sandboxes are closed.
 - *drain*: SIGUSR1 (Slurm's warning), SIGTERM, SIGINT or ``RUN/control/STOP``: no new claims;

@@ -3,7 +3,9 @@ inference servers (``RUN/endpoints/``), in the episode's sandbox.
 
 Guarantees: one :class:`~rollout_node.agent.client.InferenceClient` per node, shared by every RUN
 thread; the samples of one task share a session key, so they stick to one server (prefix cache);
-the loop gets the episode's deadline and the pipeline's stop request (cancellation, staleness,
+the loop's token budget is capped by the servers' context length (read once they are live, so an
+episode that reaches it ends as ``truncated``, not as an inference error); the loop gets the
+episode's deadline (time waiting for the server is not charged) and the pipeline's stop request (cancellation, staleness,
 drain); the versions of generated tokens are passed to the transcript as they arrive, so the
 staleness check sees a running episode; the final record is the loop's own token lists
 (token-in/token-out, never re-tokenized). The loop's ``inference_error``/``sandbox_error`` stops
@@ -12,6 +14,8 @@ come back as statuses, which the stages map to the fault table's rows.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,14 +42,19 @@ def tokenizer_dir(paths: RunPaths, config: RunConfig) -> Path:
 
 
 class _VersionTap:
-    """Forwards ``generate`` and tells the transcript the versions of the tokens just generated."""
+    """Forwards ``generate``, tells the transcript the versions of the tokens just generated, and
+    books the time spent waiting for the server on the episode (it is not charged to RUN's limit)."""
 
-    def __init__(self, session: Any, transcript: Transcript) -> None:
-        self.session, self.transcript = session, transcript
+    def __init__(self, session: Any, ctx: EpisodeContext) -> None:
+        self.session, self.ctx = session, ctx
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
-        completion: Completion = self.session.generate(prompt_ids, sampling)
-        self.transcript.note_versions(completion.versions)
+        t0 = time.monotonic()
+        try:
+            completion: Completion = self.session.generate(prompt_ids, sampling)
+        finally:
+            self.ctx.llm_wait_s += time.monotonic() - t0
+        self.ctx.transcript.note_versions(completion.versions)
         return completion
 
 
@@ -58,11 +67,9 @@ class LLMPolicy:
 
         self.template = template or ChatTemplate.from_model_dir(tokenizer_dir(paths, config))
         self.client = client or InferenceClient.from_config(config.inference, run_dir=paths.root)
-        r, inf = config.rollout, config.inference
-        self.loop = AgentLoop(self.template, AgentLimits(
-            max_turns=r.max_turns, max_tokens=r.max_tokens, max_new_tokens_per_turn=r.max_new_tokens_per_turn,
-            observation_max_tokens=r.observation_max_tokens, temperature=inf.temperature, top_p=inf.top_p))
+        self.loop = AgentLoop(self.template, AgentLimits.from_config(config.rollout, config.inference))
         self.run_seed = config.run.seed
+        self._context_known = False
 
     def close(self) -> None:
         self.client.close()
@@ -71,18 +78,30 @@ class LLMPolicy:
         """Why the node should not claim now ('' = ready): no live inference server is announced yet."""
         return "" if self.client.endpoints.live() else "no_inference_server"
 
+    def _learn_context_len(self) -> None:
+        """Once the servers are up: their context length bounds every episode (a longer prompt would
+        be a 400, an *infrastructure* error; an episode that reaches it ends as ``truncated`` instead)."""
+        if self._context_known:
+            return
+        n = self.client.max_model_len()
+        if n is not None:
+            self.loop.limits = dataclasses.replace(self.loop.limits, context_len=n)
+            self._context_known = True
+
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
-        policy = _VersionTap(self.client.session(ctx.task_id), ctx.transcript)
+        self._learn_context_len()
+        policy = _VersionTap(self.client.session(ctx.task_id), ctx)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
         result = self.loop.run(task_messages(ctx.task.problem_statement or ctx.task_id), policy, tools, seed=seed,
                                cancel=lambda _so_far: _stop_reason(ctx),
-                               deadline=ctx.deadline)
+                               deadline=ctx.effective_deadline)
         ctx.transcript.replace(Transcript(token_ids=result.token_ids, loss_mask=result.loss_mask,
                                           logprobs=result.logprobs, policy_versions=result.policy_versions,
                                           prompt_len=result.prompt_len))
         metrics = {**result.metrics(), **{f"agent_{k}": round(v, 4) for k, v in result.timings.items()}}
-        return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling))
+        return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling),
+                             logprob_kind=result.logprob_kind)
 
 
 def _stop_reason(ctx: EpisodeContext) -> str | None:

@@ -45,6 +45,7 @@ from rollout_node.pipeline.seeds import episode_seed
 from rollout_node.pipeline.sink import GroupSink
 from rollout_node.pipeline.sizing import Workers
 from rollout_node.pipeline.stages import Stages, remove_workdir
+from rollout_node.pipeline.staleness import StalenessGuard
 
 log = logging.getLogger("spoolrl.rollout")
 TICK_S = 0.2
@@ -74,6 +75,8 @@ class RolloutNode:
         self.metrics = NodeMetrics(paths.root, options.node_id)
         self.policy = policy
         self.stages = Stages(config, ops, policy, self.scratch, lambda: self.control.latest_version)
+        self.staleness = StalenessGuard(config.algorithm.max_staleness, lambda: self.control.latest_version,
+                                        lambda: self.metrics.stage_percentiles()["eval"]["p95"])
         size = self.rollout.queue_size
         self.queues: dict[str, queue.Queue[Episode]] = {s: queue.Queue(maxsize=size) for s in ("init", "run", "eval")}
         self.lock = threading.RLock()
@@ -187,9 +190,8 @@ class RolloutNode:
         for group in groups:
             if not group.closed and self.control.cancelled(group.task_id):
                 self._cancel_group(group)
-        latest = self.control.latest_version
         for ep in live:
-            self._check_episode(ep, latest)
+            self._check_episode(ep)
         if self.draining:
             self._drain_step(groups)
         if self.sink is not None:
@@ -197,12 +199,11 @@ class RolloutNode:
                 self.sink.finish_published()
         self._flush_idle()
 
-    def _check_episode(self, ep: Episode, latest: int) -> None:
-        spent = ep.in_stage_s()
+    def _check_episode(self, ep: Episode) -> None:
+        spent = ep.charged_s()
         if ep.stage == "run" and spent > self.rollout.run_timeout_s:
             ep.abort("timeout", hard=spent > self.rollout.run_timeout_s + ABORT_GRACE_S)
-        oldest = ep.transcript.min_version()
-        if ep.stage == "run" and oldest is not None and latest - oldest > self.rollout.max_staleness:
+        if ep.stage == "run" and self.staleness.too_stale(ep.transcript.min_version()):
             ep.abort("stale")
 
     def _drain_step(self, groups: list[Group]) -> None:
@@ -376,9 +377,7 @@ class RolloutNode:
         ep.enter("run")
         result = self.stages.run(ep)
         self.metrics.stage_done("run", ep.leave("eval_queue"))
-        oldest = ep.transcript.min_version()
-        if result.fault is None and oldest is not None and \
-                self.control.latest_version - oldest > self.rollout.max_staleness:
+        if result.fault is None and self.staleness.too_stale(ep.transcript.min_version()):
             result.fault, result.error = Fault.STALE, "too stale after RUN"
         if result.fault is not None:
             self._fault(ep, result.fault, result.error)

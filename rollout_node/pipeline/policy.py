@@ -88,15 +88,20 @@ class EpisodeContext:
     seed: int
     sample_index: int
     attempt: int
-    deadline: float               # time.monotonic() at which RUN's time is up
+    deadline: float               # time.monotonic() at which RUN's time is up, before LLM waits
     command_timeout_s: float
     policy_version: Callable[[], int]
     transcript: Transcript = field(default_factory=Transcript)
     stop_event: threading.Event = field(default_factory=threading.Event)
     stop_reason: str | None = None
+    llm_wait_s: float = 0.0       # time spent waiting for the inference server: not charged to RUN
+
+    def effective_deadline(self) -> float:
+        """RUN's deadline, moved by the time spent waiting for the inference server."""
+        return self.deadline + self.llm_wait_s
 
     def remaining_s(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.effective_deadline() - time.monotonic()
 
     def should_stop(self) -> bool:
         return self.stop_event.is_set() or self.remaining_s() <= 0
@@ -113,7 +118,7 @@ class EpisodeOutput:
     status: Status = Status.OK  # OK, TRUNCATED or TIMEOUT: the agent's own endings
     metrics: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
-    logprob_kind: str = "raw"
+    logprob_kind: str = "unknown"  # of the behaviour logprobs (hpc.trajectory.TRAINABLE_LOGPROB_KIND)
 
 
 class Policy(Protocol):

@@ -15,8 +15,8 @@ processes are killed under the agent), ``inference_error`` (the "LLM" fails).
 
 Token record (synthetic, documented as such): prompt = the UTF-8 bytes of the problem statement
 (+3, so 0..2 stay free), each tool call = the bytes of its command as *generated* tokens with
-logprob -0.5 and the policy version current at that call, each observation = the bytes of the
-output as context tokens. The arrays obey every Trajectory rule, so the trainer can consume them.
+logprob -0.5 (``logprob_kind`` "synthetic": the trainer refuses them) and the policy version current at that call, each observation = the bytes of the
+output as context tokens. The arrays obey every Trajectory rule, so the spool and the trainer's accounting take them.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ScriptedPolicy:
         ctx.transcript.add_context(_ids(getattr(ctx.task, "problem_statement", "") or ctx.task_id) or [3])
         status = getattr(self, f"_do_{action}")(ctx)
         return EpisodeOutput(status=status, metrics={"scripted_action": action},
-                             sampling={"seed": ctx.seed, "scripted": action})
+                             sampling={"seed": ctx.seed, "scripted": action}, logprob_kind="synthetic")
 
     def _call(self, ctx: EpisodeContext, command: str, timeout_s: float | None = None) -> str:
         """One tool call: record the command as generated tokens, run it, record the output."""

@@ -94,7 +94,7 @@ class Stages:
 
     def _run_result(self, ep: Episode, error: BaseException | None) -> StageResult:
         reason = ep.abort_reason
-        if reason == "timeout" or (reason is None and ep.in_stage_s() > self.rollout.run_timeout_s):
+        if reason == "timeout" or (reason is None and ep.charged_s() > self.rollout.run_timeout_s):
             ep.output = _timed_out(ep.output)
             return StageResult()
         if reason is not None:

@@ -82,13 +82,14 @@ def _hf_model(path: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def forward_logprobs(model_dir: Path, prompt: list[int], generated: list[int]) -> list[float]:
-    """log_softmax of an HF fp32 forward pass, at each generated token (the reference for raw logprobs)."""
+def forward_logprobs(model_dir: Path, prompt: list[int], generated: list[int], temperature: float = 1.0) -> list[float]:
+    """log_softmax(logits / T) of an HF fp32 forward pass at each generated token: the reference for
+    processed logprobs sampled at temperature T (and what the trainer computes)."""
     import torch
 
     model = _hf_model(str(model_dir))
     ids = torch.tensor([prompt + generated])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(generated)[:, None])[:, 0]
+    lp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(generated)[:, None])[:, 0]
     return [float(x) for x in lp]

@@ -24,11 +24,12 @@ def complete(srv: Running, **body: Any) -> dict[str, Any]:
     return out
 
 
-def check_against_forward(srv: Running, prompt: list[int], choice: dict[str, Any]) -> None:
-    """Every span's logprobs equal a forward pass of the weights of that span's version."""
+def check_against_forward(srv: Running, prompt: list[int], choice: dict[str, Any], temperature: float = 1.0) -> None:
+    """Every span's logprobs equal a forward pass (at the sampling temperature) of that span's weights."""
     ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    assert choice["logprobs_mode"] == "processed_logprobs"
     for span in choice["weight_versions"]:
-        ref = forward_logprobs(srv.dirs[span["version"]], prompt, ids)
+        ref = forward_logprobs(srv.dirs[span["version"]], prompt, ids, temperature)
         lo, hi = span["start"], span["end"]
         diff = max(abs(a - b) for a, b in zip(lps[lo:hi], ref[lo:hi], strict=True))
         assert diff < TOL, f"{srv.engine}: span {span} differs from its weights' forward pass by {diff}"
@@ -49,11 +50,17 @@ def test_token_id_round_trip_and_shapes(server: Running) -> None:
     assert isinstance(choice["text"], str)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_raw_logprobs_match_hf_forward(server: Running, temperature: float) -> None:
-    """Logprobs are RAW (log_softmax of unscaled logits), also when sampling at T != 1."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+def test_processed_logprobs_match_hf_forward_at_the_temperature(server: Running, temperature: float) -> None:
+    """Logprobs are PROCESSED: log_softmax(logits / T), the distribution the tokens were drawn from and
+    exactly what the trainer scores; at T != 1 they are not the raw log_softmax(logits)."""
     out = complete(server, prompt=PROMPT, max_tokens=24, temperature=temperature, seed=11, ignore_eos=True)
-    check_against_forward(server, PROMPT, out["choices"][0])
+    choice = out["choices"][0]
+    check_against_forward(server, PROMPT, choice, temperature)
+    if temperature != 1.0:
+        raw = forward_logprobs(server.dirs[0], PROMPT, choice["token_ids"], 1.0)
+        gap = max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], raw, strict=True))
+        assert gap > 100 * TOL, f"{server.engine}: logprobs at T={temperature} look raw (gap {gap})"
 
 
 def test_n_samples_and_batched_prompts(server: Running) -> None:

@@ -120,21 +120,51 @@ def test_reload_refused_without_configured_secret(models: dict[str, Path]) -> No
         app.close()
 
 
+def _truncated_reference(model_dir: Path, prompt: list[int], ids: list[int], top_p: float, top_k: int) -> list[float]:
+    """Processed logprobs by hand from an HF forward pass: top-k, then the smallest top-p set, renormalised."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+    out = []
+    for row, tok in zip(logits, ids, strict=True):
+        logp = torch.log_softmax(row, -1)
+        order = logp.argsort(descending=True).tolist()
+        kept = order[:top_k] if top_k > 0 else order
+        if top_p < 1.0:
+            mass, cut = 0.0, []
+            for t in kept:
+                cut.append(t)
+                mass += float(logp[t].exp())
+                if mass >= top_p:
+                    break
+            kept = cut
+        assert tok in kept, "a token outside the kept set was sampled"
+        out.append(float(logp[tok] - torch.logsumexp(logp[kept], 0)))
+    return out
+
+
 @pytest.mark.parametrize("top_p,top_k", [(0.5, -1), (1.0, 5)])
 def test_truncated_sampling_stays_in_the_kept_set(models: dict[str, Path], top_p: float, top_k: int) -> None:
+    """Tokens come from the kept set, and their logprobs are those of the renormalised kept set
+    (processed logprobs), never the raw full-softmax ones."""
     engine = Engine(load_model(models["a"], 0))
     try:
         s = Sequence((1, 2, 3), SamplingParams(max_tokens=15, seed=3, top_p=top_p, top_k=top_k, ignore_eos=True,
                                                logprobs=5))
         engine.submit([s])
         assert s.done.wait(60) and s.error is None
-        ref = forward_logprobs(models["a"], [1, 2, 3], s.token_ids)
+        ref = _truncated_reference(models["a"], [1, 2, 3], s.token_ids, top_p, top_k)
         assert max(abs(a - b) for a, b in zip(s.logprobs, ref, strict=True)) < TOL
+        raw = forward_logprobs(models["a"], [1, 2, 3], s.token_ids)
+        assert max(a - b for a, b in zip(s.logprobs, raw, strict=True)) > 1e-2  # renormalised, not raw
         for tok, top in zip(s.token_ids, s.top, strict=True):
             ranked = sorted(top, key=lambda t: -top[t])
             if top_k > 0:
-                assert tok in ranked[:top_k]
-            assert len(top) >= 5
+                assert tok in ranked[:top_k] and len(top) == 5
+            assert tok in top and all(v > float("-inf") for v in top.values())
     finally:
         engine.close()
 

@@ -116,7 +116,7 @@ def test_cancel_by_task_writes_cancelled_group_and_closes_sandboxes(tmp_path: Pa
 
 
 def test_stale_episodes_are_restarted_then_cancelled(tmp_path: Path) -> None:
-    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.max_staleness=1",
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "algorithm.max_staleness=1",
                           "algorithm.group_size=1", "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=30")
     Spool(paths.root, cfg.spool).put_tasks(tasks(1))
 

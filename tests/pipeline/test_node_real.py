@@ -164,7 +164,7 @@ def test_stale_episode_on_real_sandboxes_is_restarted_then_cancelled(tmp_path: P
     """The policy moves on while an episode runs in a real sandbox: past max_staleness it is restarted
     once (a fresh sandbox), then cancelled; nothing of either sandbox survives."""
     iid = load_tasks("builtin")[0].instance_id
-    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "rollout.max_staleness=1",
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=slow", "algorithm.max_staleness=1",
                           "algorithm.group_size=1", "algorithm.drop_zero_variance=false", "rollout.run_timeout_s=60")
     Spool(paths.root, cfg.spool).put_tasks(by_reference([iid], 1))
     stop = threading.Event()

@@ -64,7 +64,8 @@ def make_group(task: str, rewards: list[float], rng: np.random.Generator, *, pro
         pv = np.where(mask == 1, version, -1).astype(np.int32)
         out.append(Trajectory(trajectory_id=f"{task}/s{i}", task_id=task, group_id=group or task, sample_index=i,
                               token_ids=rng.integers(3, vocab, n).astype(np.int32), loss_mask=mask, logprobs=lp,
-                              policy_versions=pv, reward=r, status=Status(status), sampling={"temperature": 1.0}))
+                              policy_versions=pv, reward=r, status=Status(status), sampling={"temperature": 1.0},
+                              logprob_kind="processed"))
     return out
 
 

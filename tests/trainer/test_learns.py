@@ -55,7 +55,7 @@ def sample_groups(model: torch.nn.Module, step: int, version: int) -> list[list[
                 token_ids=ids[r].numpy().astype(np.int32), loss_mask=mask,
                 logprobs=np.r_[np.zeros(PROMPT), lp_all[r].numpy()].astype(np.float32),
                 policy_versions=np.where(mask == 1, version, -1).astype(np.int32),
-                reward=float(rewards[r]), sampling={"temperature": 1.0}))
+                reward=float(rewards[r]), sampling={"temperature": 1.0}, logprob_kind="processed"))
         out.append(group)
     return out
 

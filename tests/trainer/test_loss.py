@@ -12,45 +12,49 @@ from train_node.trainer.loss import LossParams, group_advantages, policy_loss, t
 P = LossParams(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
 
 
-def _loss(ratios: list[float], advs: list[float], mask: list[float], total: float, params: LossParams = P):
+def _loss(ratios: list[float], advs: list[float], mask: list[float], total: float, params: LossParams = P,
+          staleness: list[int] | None = None):
+    """The loss at chosen importance ratios pi/mu (logp = log r against behaviour logprob 0)."""
     logp = torch.tensor([math.log(r) for r in ratios], dtype=torch.float64, requires_grad=True)
     beh = torch.zeros(len(ratios), dtype=torch.float64)
     loss, sums = policy_loss(logp, beh, torch.tensor(advs, dtype=torch.float64),
-                             torch.tensor(mask, dtype=torch.float64), params=params, total_tokens=total)
+                             torch.tensor(mask, dtype=torch.float64), params=params, total_tokens=total,
+                             staleness=None if staleness is None else torch.tensor(staleness))
     loss.backward()
     assert logp.grad is not None
     return float(loss.detach()), logp.grad.tolist(), sums
 
 
-def test_unclipped_tokens_give_minus_advantage_times_ratio():
-    loss, grad, sums = _loss([1.1, 0.9], [2.0, -1.0], [1, 1], total=2)
-    # (-2*1.1 + 1*0.9) / 2
-    assert loss == pytest.approx((-2.2 + 0.9) / 2)
-    # d/dlogp of -A*r/N = -A*r/N
-    assert grad == pytest.approx([-2.0 * 1.1 / 2, 1.0 * 0.9 / 2])
-    assert sums.clipped == 0 and sums.tokens == 2
+@pytest.mark.parametrize("ratio", [0.3, 0.8, 1.0, 1.25, 1.5, 1.99, 2.0, 3.0, 50.0])
+@pytest.mark.parametrize("adv", [1.5, -0.5])
+def test_gradient_is_minus_advantage_times_truncated_weight(ratio: float, adv: float) -> None:
+    """The documented formula: d loss / d logp = -A * min(pi/mu, tis_cap) / N, for either sign of A
+    and on both sides of the old clip bounds (no dual clip, no zeroed gradient)."""
+    loss, grad, sums = _loss([ratio], [adv], [1], total=4)
+    w = min(ratio, P.tis_cap)
+    assert grad == pytest.approx([-adv * w / 4])
+    assert loss == pytest.approx(-adv * w / 4)
+    assert sums.truncated == (1.0 if ratio > P.tis_cap else 0.0)
+    assert sums.weight == pytest.approx(w) and sums.ratio_dev == pytest.approx(abs(ratio - 1))
+    assert sums.clipped == 0  # the proximal policy is the current one: the PPO clip cannot bind
 
 
-def test_asymmetric_clip_zeroes_the_gradient_beyond_the_bounds():
-    # A>0, r=1.5 > 1.28 -> clipped at 1.28; A<0, r=0.5 < 0.8 -> clipped at 0.8
-    loss, grad, sums = _loss([1.5, 0.5], [1.0, -1.0], [1, 1], total=2)
-    assert loss == pytest.approx((-1.28 + 0.8) / 2)
-    assert grad == pytest.approx([0.0, 0.0])
-    assert sums.clipped == 2
-    # inside the high side only thanks to clip_high > clip_low: r=1.25 not clipped for A>0
-    loss, grad, _ = _loss([1.25], [1.0], [1], total=1)
-    assert loss == pytest.approx(-1.25) and grad == pytest.approx([-1.25])
+def test_weight_is_detached_and_cap_is_configurable() -> None:
+    _, grad, _ = _loss([3.0], [1.0], [1], total=1, params=LossParams(tis_cap=5.0))
+    assert grad == pytest.approx([-3.0])
+    _, grad, sums = _loss([3.0], [1.0], [1], total=1, params=LossParams(tis_cap=1.0))
+    assert grad == pytest.approx([-1.0]) and sums.truncated == 1
 
 
-def test_negative_advantage_ratio_is_truncated_at_tis_cap():
-    # A<0, r=3 > cap 2: unclipped branch would give 3*|A|; truncated to 2*|A|, no gradient
-    loss, grad, sums = _loss([3.0], [-0.5], [1], total=1)
-    assert loss == pytest.approx(1.0)
-    assert grad == pytest.approx([0.0])
-    assert sums.clipped == 1
-    # A<0, r=1.5 (between 1+clip_high and cap): the unclipped branch is the max -> full gradient
-    loss, grad, _ = _loss([1.5], [-0.5], [1], total=1)
-    assert loss == pytest.approx(0.75) and grad == pytest.approx([0.75])
+def test_statistics_per_staleness_bucket() -> None:
+    _, _, sums = _loss([1.0, 1.0, 1.5, 3.0, 0.5], [1.0] * 5, [1, 1, 1, 1, 0], total=4, staleness=[0, 0, 1, 5, 2])
+    by = sums.by_staleness()
+    assert set(by) == {"0", "1", "3+"}  # the masked stale-2 token counts nowhere
+    assert by["0"] == {"tokens": 2.0, "ratio_dev": 0.0, "truncated_fraction": 0.0, "weight_mean": 1.0}
+    assert by["1"]["ratio_dev"] == pytest.approx(0.5) and by["1"]["weight_mean"] == pytest.approx(1.5)
+    assert by["3+"]["truncated_fraction"] == 1.0 and by["3+"]["weight_mean"] == pytest.approx(2.0)
+    again = type(sums).from_tensor(sums.as_tensor())
+    assert again.by_staleness() == by and again.weight == pytest.approx(sums.weight)
 
 
 def test_mask_and_global_token_count():
@@ -79,6 +83,7 @@ def test_advantage_sign_flip_negates_unclipped_loss():
 
 
 def test_token_logprobs_use_the_sampling_temperature():
+    """The trainer scores log_softmax(logits / T): the processed logprobs both engines record."""
     logits = torch.tensor([[2.0, 0.0, 0.0]])
     lp_t1 = token_logprobs(logits, torch.tensor([0]), torch.tensor([1.0]))
     lp_t2 = token_logprobs(logits, torch.tensor([0]), torch.tensor([0.5]))

@@ -44,6 +44,14 @@ MALFORMED: list[tuple[object, str]] = [
     ({"inference": {"engine": "vllm", "tensor_parallel": 3}}, "inference.tensor_parallel"),
     ({"inference": {"top_p": 2}}, "inference.top_p"),
     ({"rollout": {"max_turns": 0}}, "rollout.max_turns"),
+    # sampling the trainer cannot reproduce, and lengths it would drop (issue: one distribution end to end)
+    ({"inference": {"temperature": 0}}, "inference.temperature: temperature 0"),
+    ({"inference": {"top_p": 0.9}}, "inference.top_p: top_p 0.9"),
+    ({"rollout": {"max_tokens": 5000}, "inference": {"max_model_len": 4096}}, "inference.max_model_len (4096)"),
+    ({"rollout": {"max_tokens": 9000}}, "exceeds trainer.max_seq_len (8192)"),
+    ({"rollout": {"max_staleness": 2}}, "rollout.max_staleness: unknown key"),
+    ({"algorithm": {"truncated": "drop"}}, "algorithm.truncated"),
+    ({"algorithm": {"timeout": "ignore"}}, "algorithm.timeout"),
     ({"run": {"seed": "abc"}}, "run.seed"),
     ({"run": {"seed": True}}, "run.seed"),
     ({"model": {"path": None}}, "model.path"),
@@ -121,3 +129,16 @@ def test_exponent_without_dot_is_a_number(tmp_path: Path) -> None:
     assert load_config(tmp_path / "r.yaml", ["algorithm.kl_coef=2E-3"]).trainer.lr == 1e-5
     with pytest.raises(ConfigError, match="trainer.lr"):
         load_config(tmp_path / "r.yaml", ["trainer.lr=1e-5x"])
+
+
+@pytest.mark.parametrize("verb", [["validate"], ["render"], ["launch", "--dry-run"], ["demo", "--steps", "1"]])
+def test_untrainable_sampling_is_refused_by_every_verb_before_anything_starts(verb: list[str], tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = [*SPOOLRL, *verb, "inference.temperature=0", "inference.top_p=0.5"]
+    if verb[0] == "demo":
+        args += ["--out", str(out_dir)]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "inference.top_p: top_p 0.5" in out.stderr and "set it to 1.0" in out.stderr
+    assert "inference.temperature: temperature 0" in out.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing may be created for a refused config"

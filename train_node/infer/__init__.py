@@ -1,6 +1,6 @@
 """The inference role: a lightweight CPU engine, the vLLM supervisor (``spoolrl infer-node``), tiny models.
 
-Both engines speak the same token-in/token-out subset of vLLM's ``/v1/completions`` (raw logprobs,
+Both engines speak the same token-in/token-out subset of vLLM's ``/v1/completions`` (processed logprobs,
 integer weight-version spans) and pass the same contract tests (``tests/infer/test_contract.py``).
 Weight-changing endpoints require the per-run secret. GPU vLLM cannot run in CPU CI; how it is
 validated on clusters is in ``docs/inference.md`` (section "Validating GPU vLLM on a cluster").

@@ -23,7 +23,7 @@ def _register_serve(sub: Any) -> None:
     p = sub.add_parser(
         "serve", help="serve a model with the lightweight CPU engine (vLLM's /v1/completions subset)",
         description="Serve an HF checkpoint dir over HTTP with the transformers CPU engine: token-ID prompts in, "
-        "token IDs + raw logprobs + weight-version spans out. /health is 503 until the model is loaded.")
+        "token IDs + processed logprobs (temperature applied) + weight-version spans out. /health is 503 until the model is loaded.")
     p.add_argument("--model", required=True, metavar="DIR", help="HF checkpoint directory (safetensors + tokenizer)")
     p.add_argument("--port", type=int, default=0, help="TCP port (0 = any free port; see --ready-file)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

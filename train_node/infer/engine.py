@@ -3,8 +3,9 @@
 Guarantees:
 - One scheduler thread owns the model. Every decode step runs all active sequences in ONE
   forward pass (left-padded KV cache); new sequences join between steps, finished ones leave.
-- Logprobs are RAW: log_softmax of the unscaled logits at the sampled token, computed from the
-  same logits the token was sampled from (temperature/top-p/top-k only shape the sampler).
+- Logprobs are PROCESSED (vLLM's ``processed_logprobs``): the log-probability of the sampled token
+  under the distribution it was drawn from (``min_tokens`` bans, ``logits / T``, top-k, top-p,
+  renormalised), so the trainer can score exactly the same quantity.
 - Weights change only between decode steps. A staged model is swapped in before the next token
   is sampled, and the KV cache of every running sequence is recomputed with the new weights, so
   each generated token comes entirely from the weights of the version its span names (a stale
@@ -302,21 +303,23 @@ class Engine:
         b.next_pos = b.next_pos + 1
 
     def _sample(self) -> set[int]:
-        """Sample one token for every row; returns the indices of rows that finished."""
+        """Sample one token for every row; returns the indices of rows that finished.
+
+        Logprobs (the sampled token's and the top-k alternatives) come from the row's *processed*
+        distribution, the one the token was drawn from (vLLM's ``processed_logprobs``)."""
         b = self._batch
-        raw = torch.log_softmax(b.logits, dim=-1)
-        tokens = [_sample_one(b.logits[i], row, self._loaded.eos_ids) for i, row in enumerate(b.rows)]
-        chosen = raw[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-        k = max(row.params.logprobs or 0 for row in b.rows)
-        top_vals, top_ids = raw.topk(k, dim=-1) if k else (raw[:, :0], raw[:, :0])
-        vals, ids = top_vals.tolist(), top_ids.tolist()
         finished = set()
         for i, row in enumerate(b.rows):
+            logp = processed_logprobs(b.logits[i], row.params, len(row.token_ids), self._loaded.eos_ids)
+            token = _draw(logp, row)
             kr = row.params.logprobs or 0
-            top = dict(zip(ids[i][:kr], vals[i][:kr], strict=True))
-            top[tokens[i]] = chosen[i]
-            row.append(tokens[i], chosen[i], top, self._loaded.version)
-            if self._finish(row, tokens[i]):
+            top_vals, top_ids = logp.topk(kr) if kr else (logp[:0], logp[:0])
+            # tokens outside a top-k / top-p set have logprob -inf: not alternatives (and not valid JSON)
+            top = {t: v for t, v in zip(top_ids.tolist(), top_vals.tolist(), strict=True) if v > float("-inf")}
+            chosen = float(logp[token])
+            top[token] = chosen
+            row.append(token, chosen, top, self._loaded.version)
+            if self._finish(row, token):
                 finished.add(i)
                 row.done.set()
         return finished
@@ -345,22 +348,37 @@ class Engine:
             row.done.set()
 
 
-def _sample_one(logits: torch.Tensor, row: Sequence, eos_ids: frozenset[int]) -> int:
-    """The sampler: temperature, top-k, top-p over the processed distribution (greedy at T=0)."""
-    p = row.params
-    if len(row.token_ids) < p.min_tokens:  # vLLM's min_tokens: stop tokens are not allowed yet
+def processed_logprobs(logits: torch.Tensor, p: SamplingParams, generated: int,
+                       eos_ids: frozenset[int]) -> torch.Tensor:
+    """log of the distribution a token is drawn from, over the whole vocabulary (fp32, -inf outside).
+
+    In vLLM's order: banned stop tokens (``min_tokens``), then ``logits / T``, then top-k, then top-p,
+    renormalised. At ``T == 0`` (greedy) it is ``log_softmax(logits)``: a greedy pick has no sampling
+    distribution to report, so such samples cannot be trained (the config and the trainer refuse T = 0).
+    """
+    logits = logits.float()
+    if generated < p.min_tokens:  # vLLM's min_tokens: stop tokens are not allowed yet
         logits = logits.clone()
         banned = list(set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids)))
         logits[banned] = float("-inf")
     if p.temperature == 0.0:
-        return int(logits.argmax())
+        return torch.log_softmax(logits, dim=-1)
     scaled = logits / p.temperature
     if 0 < p.top_k < scaled.shape[-1]:
         kth = scaled.topk(p.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+    logp = torch.log_softmax(scaled, dim=-1)
     if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        outside = sorted_probs.cumsum(0) - sorted_probs > p.top_p  # keep the smallest set reaching top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
-    return int(torch.multinomial(probs, 1, generator=row.generator))
+        sorted_logp, order = logp.sort(descending=True)
+        probs = sorted_logp.exp()
+        outside = probs.cumsum(0) - probs > p.top_p  # keep the smallest set reaching top_p
+        kept = sorted_logp.masked_fill(outside, float("-inf"))
+        logp = torch.full_like(logp, float("-inf")).scatter(0, order, kept - torch.logsumexp(kept, dim=0))
+    return logp
+
+
+def _draw(logp: torch.Tensor, row: Sequence) -> int:
+    """The sampler: greedy at T = 0, else one draw from the processed distribution."""
+    if row.params.temperature == 0.0:
+        return int(logp.argmax())
+    return int(torch.multinomial(logp.exp(), 1, generator=row.generator))

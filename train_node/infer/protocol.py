@@ -7,7 +7,8 @@ Guarantees (torch-free, pure functions):
 - Prompts are token IDs only (a list of ints, or a list of such lists); text prompts are refused,
   because re-tokenizing on the server would break the token-in/token-out invariant.
 - :func:`choice_json` builds one choice in vLLM's shape: ``token_ids``, ``prompt_token_ids``,
-  ``logprobs.token_logprobs`` (RAW: log_softmax of the unscaled logits, of the sampled token),
+  ``logprobs.token_logprobs`` (PROCESSED: the sampled token's log-probability under the distribution
+  it was drawn from, temperature / top-k / top-p applied; named in ``logprobs_mode``),
   ``finish_reason`` ('stop' or 'length'), ``stop_reason`` and ``weight_versions`` spans
   ``[{"version": int, "start": i, "end": j}]`` over the generated tokens (end exclusive).
 - Choices are ordered prompt-major: choice ``p * n + k`` is sample ``k`` of prompt ``p``; with a
@@ -22,6 +23,9 @@ import time
 from typing import Any
 
 MAX_LOGPROBS = 20
+# What both engines report in ``token_logprobs`` (vLLM: ``--logprobs-mode processed_logprobs``); every
+# choice carries it as ``logprobs_mode`` so a client can record what kind of number it holds.
+LOGPROBS_MODE = "processed_logprobs"
 KNOWN_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "logprobs",
     "stop_token_ids", "ignore_eos", "min_tokens", "return_token_ids", "return_tokens_as_token_ids",
@@ -184,6 +188,7 @@ def choice_json(index: int, res: ChoiceResult, req: CompletionRequest, text: str
         "prompt_token_ids": list(res.prompt) if req.return_token_ids else None,
         "prompt_logprobs": None,
         "weight_versions": spans_json(res.spans),
+        "logprobs_mode": LOGPROBS_MODE,
     }
 
 

@@ -30,6 +30,7 @@ from typing import IO, Any
 from hpc.fsutil import read_json
 from hpc.paths import node_scratch
 from train_node.infer.httpbase import make_server
+from train_node.infer.protocol import LOGPROBS_MODE
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 
 SERVED_MODEL_NAME = "policy"
@@ -191,7 +192,7 @@ class VllmServer:
         s = self.spec
         cmd = [s.vllm_python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model),
                "--served-model-name", SERVED_MODEL_NAME, "--uds", str(sock), "--generation-config", "vllm",
-               "--enable-scale-out", "--max-logprobs", "20", "--tensor-parallel-size", str(s.tensor_parallel)]
+               "--enable-scale-out", "--max-logprobs", "20", "--logprobs-mode", LOGPROBS_MODE, "--tensor-parallel-size", str(s.tensor_parallel)]
         if s.dtype != "auto":
             cmd += ["--dtype", s.dtype]
         if s.max_model_len:

@@ -3,8 +3,16 @@
 Guarantees (exactly-once accounting):
 - Every row of every claimed shard gets exactly one outcome in the ledger: ``trained`` (with the
   step) or ``dropped`` (with a reason: ``duplicate_task``, ``zero_variance``, ``stale``,
-  ``too_long``, ``no_reward``, ``singleton``, or the trajectory's non-trainable status such as
-  ``sandbox_error``). Rows the spool itself dropped as duplicates are entered too.
+  ``discarded_lineage``, ``logprob_kind:KIND``, ``sampling:unsupported``, ``too_long``, ``no_reward``,
+  ``singleton``, ``all_masked``, or the trajectory's non-trainable status such as ``sandbox_error``).
+  Rows the spool itself dropped as duplicates are entered too.
+- Only what the trainer can reproduce is trained (``hpc.trajectory.training_refusal``): behaviour
+  logprobs of kind ``processed`` drawn at a temperature > 0 from the full softmax.
+- Whole groups are kept or dropped for staleness, refusal and discarded lineage (a per-sample drop of
+  the late samples would bias the group baseline); the staleness is measured at the version that
+  will train the batch. Per-sample drops remain only for what the episode itself failed at.
+- ``algorithm.truncated`` / ``algorithm.timeout`` = ``mask``: such samples keep their reward in the
+  group baseline but contribute no loss tokens.
 - A shard is *covered* once all its rows have an outcome; covered shard ids go into the next
   checkpoint and are committed after it. Rows of a shard not yet covered whose outcome is already
   decided are remembered per shard (``resolved``, saved in the checkpoint), so when the shard comes
@@ -21,8 +29,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from hpc.config import AlgorithmConfig
-from hpc.trajectory import Trajectory
+from hpc.trajectory import Status, Trajectory, training_refusal
 from train_node.trainer.loss import group_advantages
 from train_node.trainer.packing import Sample
 
@@ -40,6 +50,7 @@ class Batch:
     staleness: list[int]
     policy_version: int  # trainer version the batch was filtered against
     shard_of: dict[str, str] = field(default_factory=dict)  # trajectory id -> shard id
+    masked: int = 0  # samples trained with no loss tokens (algorithm.truncated / timeout: mask)
 
     @property
     def task_ids(self) -> list[str]:
@@ -57,15 +68,24 @@ class ConsumerState:
     trained_tasks: set[str] = field(default_factory=set)
     resolved: dict[str, set[str]] = field(default_factory=dict)  # shard id -> trajectory ids with an outcome
     tasks_resolved: int = 0  # groups trained or dropped as a whole (the feeder's backpressure)
+    # policy versions [lo, hi] published by steps a resume discarded: their samples are not this lineage's
+    discarded_versions: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"trained_tasks": sorted(self.trained_tasks), "tasks_resolved": self.tasks_resolved,
-                "resolved": {k: sorted(v) for k, v in sorted(self.resolved.items())}}
+                "resolved": {k: sorted(v) for k, v in sorted(self.resolved.items())},
+                "discarded_versions": [list(r) for r in self.discarded_versions]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConsumerState:
         return cls(trained_tasks=set(data.get("trained_tasks", [])), tasks_resolved=int(data.get("tasks_resolved", 0)),
-                   resolved={k: set(v) for k, v in data.get("resolved", {}).items()})
+                   resolved={k: set(v) for k, v in data.get("resolved", {}).items()},
+                   discarded_versions=[(int(lo), int(hi)) for lo, hi in data.get("discarded_versions", [])])
+
+    def discarded(self, t: Trajectory) -> bool:
+        """True when a generated token of ``t`` comes from a version of a discarded lineage."""
+        pv = t.policy_versions[t.loss_mask == 1]
+        return any(bool(((pv >= lo) & (pv <= hi)).any()) for lo, hi in self.discarded_versions)
 
 
 @dataclass
@@ -182,11 +202,15 @@ class Consumer:
             return None
         kept = []
         for sid, t in members:
-            reason = self._sample_drop_reason(t, version)
+            reason = self._sample_drop_reason(t)
             if reason:
                 self._drop_all([(sid, t)], reason)
             else:
                 kept.append((sid, t))
+        reason = self._group_drop_reason([t for _, t in kept], version)
+        if reason:
+            self._drop_group(kept, reason)
+            return None
         if len(kept) < 2 and self.acfg.group_size > 1:
             self._drop_group(kept, "singleton")
             return None
@@ -194,15 +218,35 @@ class Consumer:
         if self.acfg.drop_zero_variance and max(rewards) == min(rewards):
             self._drop_group(kept, "zero_variance")
             return None
+        if all(self._masked(t) for _, t in kept):
+            self._drop_group(kept, "all_masked")
+            return None
         self.inflight.add(task_id)
         adv = group_advantages(rewards, self.acfg.advantage_norm)
         return _Staged(kept, adv, [t.staleness(version) for _, t in kept])
+
+    def _group_drop_reason(self, kept: list[Trajectory], version: int) -> str:
+        """Reasons that drop the whole group (see the module docstring)."""
+        for t in kept:
+            refusal = training_refusal(t.logprob_kind, t.sampling)
+            if refusal:
+                return refusal
+        if any(self.state.discarded(t) for t in kept):
+            return "discarded_lineage"
+        if any(t.staleness(version) > self.acfg.max_staleness for t in kept):
+            return "stale"
+        return ""
+
+    def _masked(self, t: Trajectory) -> bool:
+        """Trained with no loss tokens: its ending is configured as ``mask``."""
+        return (t.status == Status.TRUNCATED and self.acfg.truncated == "mask") or \
+            (t.status == Status.TIMEOUT and self.acfg.timeout == "mask")
 
     def _drop_group(self, members: list[tuple[str, Trajectory]], reason: str) -> None:
         self._drop_all(members, reason)
         self.state.tasks_resolved += 1
 
-    def _sample_drop_reason(self, t: Trajectory, version: int) -> str:
+    def _sample_drop_reason(self, t: Trajectory) -> str:
         if not t.status.trainable:
             return t.status.value
         if t.reward is None:
@@ -211,8 +255,6 @@ class Consumer:
             return "too_long"
         if t.num_generated == 0:
             return "no_generated_tokens"
-        if t.staleness(version) > self.acfg.max_staleness:
-            return "stale"
         return ""
 
     def _make_batch(self, picked: list[_Staged], version: int) -> Batch:
@@ -220,10 +262,12 @@ class Consumer:
         for st in picked:
             batch.groups.append([t for _, t in st.members])
             batch.staleness.extend(st.staleness)
-            for (sid, t), a in zip(st.members, st.advantages, strict=True):
-                temp = float(t.sampling.get("temperature", 1.0) or 1.0)
-                batch.samples.append(Sample(t.trajectory_id, t.token_ids, t.loss_mask, t.logprobs, a, temp))
+            for (sid, t), a, stale in zip(st.members, st.advantages, st.staleness, strict=True):
+                temp = float(t.sampling["temperature"])  # training_refusal guarantees a finite T > 0
+                mask = np.zeros_like(t.loss_mask) if self._masked(t) else t.loss_mask
+                batch.samples.append(Sample(t.trajectory_id, t.token_ids, mask, t.logprobs, a, temp, stale))
                 batch.shard_of[t.trajectory_id] = sid
+                batch.masked += int(self._masked(t))
         return batch
 
     def mark_trained(self, batch: Batch, step: int) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+import torch.utils.checkpoint
 
 from hpc.config import AlgorithmConfig, TrainerConfig
 from train_node.trainer.dist_env import DistEnv
@@ -81,16 +82,62 @@ def load_model(model_dir: str | Path, precision: str, activation_checkpointing: 
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+    disable_dropout(model)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return model
 
 
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off everywhere: ``train()`` mode must not make the trained logprobs noisy (pi/mu != 1)."""
+    for cfg in (model.config, *[getattr(model.config, k) for k in ("text_config",) if hasattr(model.config, k)]):
+        for key, value in list(vars(cfg).items()):
+            if "dropout" in key and isinstance(value, float):
+                setattr(cfg, key, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for key in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, key, None), float):
+                setattr(module, key, 0.0)
+
+
+def fp32_head_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                       targets: torch.Tensor, inv_t: torch.Tensor, chunk_tokens: int) -> torch.Tensor | None:
+    """``log_softmax(logits / T)[target]`` with the LM head applied in fp32, ``chunk_tokens`` positions
+    at a time under activation checkpointing, so the [N, V] logits never exist whole (not in bf16, not
+    in fp32). None when the model does not split into a decoder and a plain linear head."""
+    get_decoder, get_head = getattr(module, "get_decoder", None), getattr(module, "get_output_embeddings", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    head = get_head() if callable(get_head) else None
+    cfg = getattr(module, "config", None)
+    if decoder is None or not isinstance(head, torch.nn.Linear) or getattr(cfg, "final_logit_softcapping", None):
+        return None
+    hidden = decoder(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
+                     use_cache=False).last_hidden_state[0]
+    pieces = []
+    for lo in range(0, hidden.shape[0], chunk_tokens):
+        sl = slice(lo, lo + chunk_tokens)
+        pieces.append(torch.utils.checkpoint.checkpoint(
+            _head_chunk, hidden[sl], head.weight, head.bias, targets[sl], inv_t[sl], use_reentrant=False))
+    return torch.cat(pieces)
+
+
+def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                inv_t: torch.Tensor) -> torch.Tensor:
+    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    return token_logprobs(logits, targets, inv_t)
+
+
+# positions per chunk of the fp32 LM head: 1024 x 152k vocab x 4 B = 0.6 GB of logits at a time
+HEAD_CHUNK_TOKENS = 1024
+
+
 @dataclass
 class StepResult:
     sums: LossSums
-    grad_norm: float
+    grad_norm: float | None  # None: not computed (grad_clip 0 at ZeRO-0 fp32); never NaN
     lr: float
     tokens: int
     seconds: float
@@ -118,6 +165,24 @@ class Engine:
         self.rank = tdist.get_rank()
         self.device = self.ds.device
         self.ref_model = ref_model.to(self.device).eval() if ref_model is not None else None
+        self._z0_grad_norm: float | None = None
+        if tcfg.zero_stage == 0 and tcfg.precision == "fp32":
+            # DeepSpeed computes the ZeRO-0 fp32 norm in clip_fp32_gradients but drops it (its
+            # get_global_grad_norm() stays None); keep the value it computed.
+            self.ds.clip_fp32_gradients = self._clip_fp32_and_keep_norm
+
+    def _clip_fp32_and_keep_norm(self) -> None:
+        from deepspeed.runtime.utils import clip_grad_norm_
+
+        norm = clip_grad_norm_(parameters=self.ds.module.parameters(), max_norm=self.tcfg.grad_clip, mpu=self.ds.mpu)
+        self._z0_grad_norm = float(norm)
+
+    def _grad_norm(self) -> float | None:
+        """The global gradient norm of the step (before clipping); None only without clipping at ZeRO-0."""
+        norm = self.ds.get_global_grad_norm()
+        if norm is None:
+            norm, self._z0_grad_norm = self._z0_grad_norm, None
+        return None if norm is None else float(norm)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -126,11 +191,22 @@ class Engine:
     def _tensors(self, mb: MicroBatch) -> dict[str, torch.Tensor]:
         arrays = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "targets": mb.targets,
                   "mask": mb.mask, "behaviour": mb.behaviour_logprobs, "adv": mb.advantages,
-                  "inv_t": mb.inv_temperature}
+                  "inv_t": mb.inv_temperature, "staleness": mb.staleness}
         return {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
 
     def logprobs(self, module: torch.nn.Module, t: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per-position logprob of the next token at the sampling temperature (packed, no attention mask)."""
+        """Per-position logprob of the next token at the sampling temperature (packed, no attention mask).
+
+        The LM head runs in fp32, chunked (:func:`fp32_head_logprobs`); under ZeRO-3 (the head's weight
+        is partitioned outside its own forward) and for heads that are not a plain linear layer, the
+        model's own logits are upcast to fp32 instead."""
+        inner = module.module if isinstance(getattr(module, "module", None), torch.nn.Module) else module
+        assert isinstance(inner, torch.nn.Module)
+        if self.tcfg.zero_stage < 3:
+            lp = fp32_head_logprobs(inner, t["input_ids"], t["position_ids"], t["targets"], t["inv_t"],
+                                    HEAD_CHUNK_TOKENS)
+            if lp is not None:
+                return lp
         out = module(input_ids=t["input_ids"].unsqueeze(0), position_ids=t["position_ids"].unsqueeze(0),
                      use_cache=False)
         return token_logprobs(out.logits[0], t["targets"], t["inv_t"])
@@ -152,14 +228,13 @@ class Engine:
             logp = self.logprobs(self.ds, t)
             ref = self._ref_logprobs(t)
             loss, s = policy_loss(logp, t["behaviour"], t["adv"], t["mask"], params=self.params,
-                                  total_tokens=total, ref_logp=ref)
+                                  total_tokens=total, ref_logp=ref, staleness=t["staleness"])
             self.ds.backward(loss * self.world, scale_wrt_gas=False)
             sums.add(s)
         fault_point("step")
         self.ds.step()
         summed = self._all_reduce_sums(sums)
-        grad_norm = self.ds.get_global_grad_norm()
-        return StepResult(sums=summed, grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+        return StepResult(sums=summed, grad_norm=self._grad_norm(),
                           lr=float(self.scheduler.get_last_lr()[0]), tokens=sum(mb.num_tokens for mb in micro_batches),
                           seconds=time.perf_counter() - t0)
 

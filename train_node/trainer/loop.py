@@ -9,7 +9,13 @@ stop) so all ranks run the same collectives. Order of operations per optimizer s
 
 Resume (:meth:`Trainer.setup`): the newest checkpoint's engine state, RNG states and trainer state
 are restored; the spool is fenced (a stale predecessor can no longer commit) and ``recover`` commits
-the shards that checkpoint covers and returns every other claimed shard to ready.
+the shards that checkpoint covers and returns every other claimed shard to ready. Versions published
+after that checkpoint belong to discarded steps: the restored weights are published as a new version
+before any step trains (servers reload them), and samples with tokens of the discarded versions are
+dropped (``discarded_lineage``), never counted as fresh.
+
+Staleness is filtered at the version that will train the batch (:meth:`Trainer.train_version`), so a
+batch prefetched while a step runs is judged against the version that step publishes.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class Trainer:
         self.rank = 0
         self.world = 1
         self.exit_code = 0
+        self._step_publishes = False
 
     # ================================================================== setup
     def setup(self) -> None:
@@ -84,7 +91,7 @@ class Trainer:
             self.step = int(meta["step"])
         if self.rank == 0:
             self._setup_rank0(meta)
-        self._publish_initial()
+        self._publish_initial(meta)
         self.counters = Counters()  # idle time and throughput count from here, not from process start
 
     def _latest_meta(self) -> dict[str, Any] | None:
@@ -130,11 +137,16 @@ class Trainer:
         self.publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
                                    self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies)
         self.metrics = MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}")
-        self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, lambda: self.publisher.version,
+        self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, self.train_version,
                                   prefetch=self.cfg.trainer.prefetch, poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s),
                                   draining=self._draining)
         self.metrics.log("trainer_start", step=self.step, generation=self.generation, recovered=self.recovered,
                          world_size=self.world, resumed_from=meta["tag"] if meta else None)
+
+    def train_version(self) -> int:
+        """The policy version of the weights that will train the next batch: the published version,
+        plus one while a step that will publish is running (a prefetched batch trains after it)."""
+        return self.publisher.version + int(self._step_publishes)
 
     def _make_feeder(self, meta: dict[str, Any] | None) -> Feeder | None:
         if not self.opt.instance_ids:
@@ -145,8 +157,22 @@ class Trainer:
             f.restore(meta["trainer_state"].get("feeder", {}))
         return f
 
-    def _publish_initial(self) -> None:
-        need = torch.tensor([1 if self.rank == 0 and latest_version(self.paths) is None else 0])
+    def _discard_lost_versions(self, meta: dict[str, Any] | None) -> bool:
+        """Rank 0, on resume: versions published after the restored checkpoint came from steps that are
+        now discarded. Their samples are not this lineage's (dropped as ``discarded_lineage``), and the
+        servers must serve the restored weights: returns True when those must be published now."""
+        latest = latest_version(self.paths)
+        if meta is None or latest is None:
+            return latest is None
+        restored = int(meta.get("policy_version", latest))
+        if latest <= restored:
+            return False
+        self.consumer.state.discarded_versions.append((restored + 1, latest))
+        self.metrics.log("lineage_discarded", versions=[restored + 1, latest], resumed_from=meta["tag"])
+        return True
+
+    def _publish_initial(self, meta: dict[str, Any] | None) -> None:
+        need = torch.tensor([1 if self.rank == 0 and self._discard_lost_versions(meta) else 0])
         tdist.broadcast(need, src=0)
         if int(need.item()):
             self.publish(wait=True)
@@ -222,6 +248,7 @@ class Trainer:
 
     # ================================================================== one step
     def train_step(self, msg: dict[str, Any]) -> StepResult:
+        self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
         result = self.engine.train_step(msg["per_rank"][self.rank])
         self.step += 1
         self.counters.tokens += result.tokens
@@ -230,8 +257,9 @@ class Trainer:
             batch, plan, waited = self._pending
             with self.consumer.lock:
                 self.consumer.mark_trained(batch, self.step)
-        if self.step % self.cfg.trainer.publish_every == 0:
+        if self._step_publishes:
             published = self.publish()
+        self._step_publishes = False
         if self.rank == 0:
             self._log_step(result, batch, plan, waited, published)
         if self.step % self.cfg.trainer.checkpoint_every == 0:
@@ -258,7 +286,11 @@ class Trainer:
             "train_step", step=self.step, loss=s.loss / max(s.tokens, 1), loss_tokens=s.tokens,
             reward_mean=sum(rewards) / len(rewards), pass_rate=sum(x >= 1.0 for x in rewards) / len(rewards),
             clip_fraction=s.clipped / max(s.tokens, 1), kl=s.kl / max(s.tokens, 1),
-            ratio_dev=s.ratio_dev / max(s.tokens, 1), grad_norm=r.grad_norm, lr=r.lr,
+            ratio_dev=s.ratio_dev / max(s.tokens, 1), truncated_fraction=s.truncated / max(s.tokens, 1),
+            weight_mean=s.weight / max(s.tokens, 1), by_staleness=s.by_staleness(), masked_samples=batch.masked,
+            **({"grad_norm": r.grad_norm} if r.grad_norm is not None else
+               {"grad_norm_absent": "trainer.grad_clip is 0 at ZeRO-0: DeepSpeed computes no norm"}),
+            lr=r.lr,
             step_s=r.seconds, tokens=plan.total_tokens, tokens_per_s=plan.total_tokens / max(r.seconds, 1e-9),
             packing_efficiency=plan.packing_efficiency, micro_batches=len(plan.per_rank[0]),
             groups=len(batch.groups), samples=len(batch.samples),

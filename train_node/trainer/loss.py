@@ -1,4 +1,4 @@
-"""The clipped policy-gradient objective over token IDs (GRPO/DAPO family).
+"""The policy-gradient objective over token IDs (GRPO/DAPO family, decoupled off-policy correction).
 
 Guarantees:
 - Only tokens with ``mask == 1`` (the policy's own generated tokens) contribute.
@@ -6,31 +6,41 @@ Guarantees:
   where ``total_tokens`` is the number of loss tokens of the whole optimizer step on all ranks. Summing
   the micro-batch losses of all ranks therefore gives the mean over every loss token of the step,
   independent of how the tokens were packed or split across ranks.
-- Policy log-probabilities are taken at the sampling temperature (``logits / T``), so they are
-  comparable with the behaviour log-probabilities the inference engine recorded while sampling.
+- One distribution end to end: policy log-probabilities are ``log_softmax(logits / T)`` in fp32 at the
+  sampling temperature, the same quantity the inference engines record (``processed`` logprobs), so an
+  on-policy token has ``pi / mu == 1`` at any temperature.
 
-Per token, with ``r = exp(logp - logp_behaviour)`` and advantage ``A``:
+Per token, with the behaviour policy ``mu`` (the version that sampled the token), the proximal policy
+``pi_prox`` (the weights at the start of this optimizer step, i.e. ``logp.detach()``) and advantage ``A``
+(decoupled PPO, as in AReaL; veRL's truncated IS is the same weight):
 
-    pg = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))   (asymmetric PPO clip, DAPO clip-higher)
-    pg = min(pg, -A * tis_cap)  where A < 0                         (truncated importance weight)
+    w  = min(pi_prox / mu, tis_cap)                    detached truncated importance weight
+    rp = pi / pi_prox                                  == 1 in value; its gradient is that of log pi
+    pg = w * max(-A * rp, -A * clip(rp, 1 - clip_low, 1 + clip_high))
 
-The ratio is taken against the *behaviour* policy (the version that generated the token), so the
-clip bounds how far one update moves away from it, and samples several versions old are corrected
-by their importance weight. For A > 0 the clip already bounds the weight at ``1 + clip_high``; for
-A < 0 the unclipped branch grows with ``r`` without bound, which ``tis_cap`` truncates (the
-"dual clip"). Optional KL penalty against a frozen reference (k3 estimator, always >= 0):
+so the gradient is ``-A * w * grad(log pi)``: stale samples are re-weighted towards the current
+policy, and the weight is truncated at ``tis_cap`` so that one token can never dominate. The PPO clip
+bounds the move away from the proximal policy; with one optimizer step per batch the proximal policy
+is the current one and the clip cannot bind (``clipped`` counts where it does). Optional KL penalty
+against a frozen reference (k3 estimator, always >= 0):
 
     kl = exp(logp_ref - logp) - (logp_ref - logp) - 1;   per_token = pg + kl_coef * kl
+
+Statistics per staleness bucket (0, 1, 2, 3+ versions) report how off-policy the step was: tokens,
+``sum |pi/mu - 1|``, the share truncated at ``tis_cap`` and the mean weight.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-# exp() of a log-ratio beyond this is numerically meaningless (and the clip decides anyway).
+# exp() of a log-ratio beyond this is numerically meaningless (and the truncation decides anyway).
 _MAX_LOG_RATIO = 20.0
+STALENESS_BUCKETS = 4  # 0, 1, 2, 3+ versions
+_SCALARS = ("loss", "tokens", "clipped", "truncated", "kl", "ratio_dev", "weight")
+_BUCKETED = ("b_tokens", "b_ratio_dev", "b_truncated", "b_weight")
 
 
 @dataclass(frozen=True)
@@ -44,27 +54,56 @@ class LossParams:
     advantage_sign: float = 1.0  # -1 only for the negative-control test: it must not learn
 
 
+def _zeros() -> list[float]:
+    return [0.0] * STALENESS_BUCKETS
+
+
 @dataclass
 class LossSums:
     """Sums over the loss tokens of one micro-batch (summed again across micro-batches and ranks)."""
 
     loss: float = 0.0
     tokens: float = 0.0
-    clipped: float = 0.0
+    clipped: float = 0.0    # tokens where the PPO clip around the proximal policy zeroes the gradient
+    truncated: float = 0.0  # tokens whose importance weight pi/mu was truncated at tis_cap
     kl: float = 0.0
-    ratio_dev: float = 0.0  # sum of |r - 1|: how off-policy the tokens were
+    ratio_dev: float = 0.0  # sum of |pi/mu - 1|: how off-policy the tokens were
+    weight: float = 0.0     # sum of the truncated importance weights
+    b_tokens: list[float] = field(default_factory=_zeros)
+    b_ratio_dev: list[float] = field(default_factory=_zeros)
+    b_truncated: list[float] = field(default_factory=_zeros)
+    b_weight: list[float] = field(default_factory=_zeros)
 
     def add(self, other: LossSums) -> None:
-        for name in ("loss", "tokens", "clipped", "kl", "ratio_dev"):
+        for name in _SCALARS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in _BUCKETED:
+            setattr(self, name, [a + b for a, b in zip(getattr(self, name), getattr(other, name), strict=True)])
 
     def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.loss, self.tokens, self.clipped, self.kl, self.ratio_dev], dtype=torch.float64)
+        flat = [getattr(self, n) for n in _SCALARS] + [x for n in _BUCKETED for x in getattr(self, n)]
+        return torch.tensor(flat, dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> LossSums:
         v = [float(x) for x in t.tolist()]
-        return cls(loss=v[0], tokens=v[1], clipped=v[2], kl=v[3], ratio_dev=v[4])
+        k, out = len(_SCALARS), cls()
+        for name, value in zip(_SCALARS, v, strict=False):
+            setattr(out, name, value)
+        for i, name in enumerate(_BUCKETED):
+            setattr(out, name, v[k + i * STALENESS_BUCKETS: k + (i + 1) * STALENESS_BUCKETS])
+        return out
+
+    def by_staleness(self) -> dict[str, dict[str, float]]:
+        """Per bucket with tokens: token count, mean |pi/mu - 1|, truncated share, mean weight."""
+        out = {}
+        for b in range(STALENESS_BUCKETS):
+            n = self.b_tokens[b]
+            if n > 0:
+                label = f"{b}+" if b == STALENESS_BUCKETS - 1 else str(b)
+                out[label] = {"tokens": n, "ratio_dev": self.b_ratio_dev[b] / n,
+                              "truncated_fraction": self.b_truncated[b] / n, "weight_mean": self.b_weight[b] / n}
+        return out
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
@@ -83,15 +122,17 @@ def policy_loss(
     params: LossParams,
     total_tokens: float,
     ref_logp: torch.Tensor | None = None,
+    staleness: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
     """The micro-batch loss (already divided by the step's global loss-token count) and its sums."""
     assert total_tokens > 0, "a step without loss tokens must not reach the loss"
     adv = advantages * params.advantage_sign
-    log_ratio = (logp - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - params.clip_low, 1.0 + params.clip_high)
-    pg = torch.maximum(-adv * ratio, -adv * clipped_ratio)
-    pg = torch.where(adv < 0, torch.minimum(pg, -adv * params.tis_cap), pg)
+    prox = logp.detach()
+    ratio = torch.exp((prox - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # pi_prox / mu
+    weight = ratio.clamp(max=params.tis_cap)
+    prox_ratio = torch.exp(logp - prox)
+    clipped_ratio = prox_ratio.clamp(1.0 - params.clip_low, 1.0 + params.clip_high)
+    pg = weight * torch.maximum(-adv * prox_ratio, -adv * clipped_ratio)
     per_token = pg
     kl = torch.zeros_like(logp)
     if ref_logp is not None and params.kl_coef > 0:
@@ -100,22 +141,31 @@ def policy_loss(
         per_token = per_token + params.kl_coef * kl
     loss = (per_token * mask).sum() / total_tokens
     with torch.no_grad():
-        sums = LossSums(
-            loss=float((per_token * mask).sum()),
-            tokens=float(mask.sum()),
-            clipped=float((_clip_active(ratio, adv, params) * mask).sum()),
-            kl=float((kl * mask).sum()),
-            ratio_dev=float(((ratio - 1.0).abs() * mask).sum()),
-        )
+        sums = _sums(per_token, mask, ratio, weight, _clip_active(prox_ratio, adv, params), kl, params, staleness)
     return loss, sums
 
 
-def _clip_active(ratio: torch.Tensor, adv: torch.Tensor, params: LossParams) -> torch.Tensor:
-    """1.0 where a clip (or the truncation) zeroes the token's gradient."""
-    high = (adv > 0) & (ratio > 1.0 + params.clip_high)
-    low = (adv < 0) & (ratio < 1.0 - params.clip_low)
-    trunc = (adv < 0) & (ratio > params.tis_cap)
-    return (high | low | trunc).float()
+def _sums(per_token: torch.Tensor, mask: torch.Tensor, ratio: torch.Tensor, weight: torch.Tensor,
+          clipped: torch.Tensor, kl: torch.Tensor, params: LossParams, staleness: torch.Tensor | None) -> LossSums:
+    dev, trunc = (ratio - 1.0).abs(), (ratio > params.tis_cap).float()
+    sums = LossSums(loss=float((per_token * mask).sum()), tokens=float(mask.sum()),
+                    clipped=float((clipped * mask).sum()), truncated=float((trunc * mask).sum()),
+                    kl=float((kl * mask).sum()), ratio_dev=float((dev * mask).sum()),
+                    weight=float((weight * mask).sum()))
+    bucket = (torch.zeros_like(mask, dtype=torch.long) if staleness is None
+              else staleness.long().clamp(0, STALENESS_BUCKETS - 1))
+    for name, values in (("b_tokens", mask), ("b_ratio_dev", dev * mask), ("b_truncated", trunc * mask),
+                         ("b_weight", weight * mask)):
+        acc = torch.zeros(STALENESS_BUCKETS, dtype=torch.float64).index_add_(0, bucket.cpu(), values.double().cpu())
+        setattr(sums, name, acc.tolist())
+    return sums
+
+
+def _clip_active(prox_ratio: torch.Tensor, adv: torch.Tensor, params: LossParams) -> torch.Tensor:
+    """1.0 where the PPO clip around the proximal policy zeroes the token's gradient."""
+    high = (adv > 0) & (prox_ratio > 1.0 + params.clip_high)
+    low = (adv < 0) & (prox_ratio < 1.0 - params.clip_low)
+    return (high | low).float()
 
 
 def group_advantages(rewards: list[float], norm: str, eps: float = 1e-6) -> list[float]:

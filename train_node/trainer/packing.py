@@ -30,6 +30,7 @@ class Sample:
     logprobs: npt.NDArray[np.float32]
     advantage: float
     temperature: float = 1.0
+    staleness: int = 0  # versions between the weights that train it and its oldest token (statistics only)
 
     @property
     def num_tokens(self) -> int:
@@ -53,6 +54,7 @@ class MicroBatch:
     behaviour_logprobs: npt.NDArray[np.float32]
     advantages: npt.NDArray[np.float32]
     inv_temperature: npt.NDArray[np.float32]
+    staleness: npt.NDArray[np.int64]
     trajectory_ids: list[str] = field(default_factory=list)
 
     @property
@@ -116,13 +118,14 @@ def build_micro_batch(samples: list[Sample]) -> MicroBatch:
     if not samples:
         z = np.zeros(1, dtype=np.int64)
         zf = np.zeros(1, dtype=np.float32)
-        return MicroBatch(z, z.copy(), z.copy(), zf, zf.copy(), zf.copy(), np.ones(1, dtype=np.float32), [])
+        return MicroBatch(z, z.copy(), z.copy(), zf, zf.copy(), zf.copy(), np.ones(1, dtype=np.float32), z.copy(), [])
     parts = [_sample_arrays(s) for s in samples]
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return MicroBatch(
         input_ids=cat["input_ids"], position_ids=cat["position_ids"], targets=cat["targets"],
         mask=cat["mask"], behaviour_logprobs=cat["behaviour_logprobs"], advantages=cat["advantages"],
-        inv_temperature=cat["inv_temperature"], trajectory_ids=[s.trajectory_id for s in samples],
+        inv_temperature=cat["inv_temperature"], staleness=cat["staleness"],
+        trajectory_ids=[s.trajectory_id for s in samples],
     )
 
 
@@ -139,6 +142,7 @@ def _sample_arrays(s: Sample) -> dict[str, npt.NDArray[np.generic]]:
         "input_ids": ids, "position_ids": np.arange(n, dtype=np.int64), "targets": targets, "mask": mask,
         "behaviour_logprobs": behaviour, "advantages": np.full(n, s.advantage, dtype=np.float32),
         "inv_temperature": np.full(n, 1.0 / s.temperature, dtype=np.float32),
+        "staleness": np.full(n, s.staleness, dtype=np.int64),
     }
 
 
