@@ -47,8 +47,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
-def make_run(tmp_path: Path, model: Path) -> tuple[RunPaths, Any]:
-    cfg = load_config(None, [*CONFIG, f"model.path={model}", f"sandbox.scratch_dir={tmp_path / 'scratch'}"])
+def make_run(tmp_path: Path, model: Path, *extra: str) -> tuple[RunPaths, Any]:
+    cfg = load_config(None, [*CONFIG, f"model.path={model}", f"sandbox.scratch_dir={tmp_path / 'scratch'}", *extra])
     paths = create_run(tmp_path / "run", cfg)
     Spool(paths.root, cfg.spool).put_tasks([{"task_id": i, "instance_id": i, "group_size": 2} for i in IDS])
     return paths, cfg
@@ -64,11 +64,11 @@ def run_node(paths: RunPaths, cfg: Any, tmp_path: Path) -> dict[str, Any]:
         policy.close()
 
 
-def serve(model: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def serve(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     ready = tmp_path / "ready.json"
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "serve", "--model", str(model), "--port", "0",
-                             "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready)],
+                             "--version", str(VERSION), "--threads", "1", "--ready-file", str(ready), *extra],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     while not ready.exists():
@@ -102,6 +102,30 @@ def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> 
     assert len(set(map(str, seeds))) == len(seeds)
 
 
+def test_server_context_length_ends_episodes_as_truncated_not_inference_errors(tmp_path: Path,
+                                                                                tiny_model: Path) -> None:
+    """rollout.max_tokens (1536) is above what the server accepts (--max-model-len 700, unknown to the
+    config): the agent reads the server's context length, so long episodes end as ``truncated`` inside
+    it, trainable, in one attempt, instead of a 400 turned into a retried ``inference_error``."""
+    limit = 700
+    paths, cfg = make_run(tmp_path, tiny_model, "rollout.max_tokens=1536", "rollout.max_turns=40",
+                          "rollout.max_new_tokens_per_turn=48")
+    proc, url = serve(tiny_model, tmp_path, "--max-model-len", str(limit))
+    try:
+        (paths.endpoints / "infer-test.json").write_text(json.dumps(
+            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        run_node(paths, cfg, tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    trajs = [t for ts in written(paths, cfg).values() for t in ts]
+    assert len(trajs) == 4
+    for t in trajs:
+        assert t.status == Status.TRUNCATED and t.reward == 0.0, (t.status, t.metrics)
+        assert t.metrics["sample_attempt"] == 0 and t.metrics["stop_reason"] == "context", (t.prompt_len, t.metrics)
+        assert limit - 60 <= t.num_tokens <= limit and t.num_generated > 0
+
+
 def test_dead_inference_server_is_an_excluded_inference_error(tmp_path: Path, tiny_model: Path) -> None:
     paths, cfg = make_run(tmp_path, tiny_model)
     # announced (fresh heartbeat) but nothing listens: every request fails
@@ -128,3 +152,25 @@ def test_no_announced_server_means_no_claims(tmp_path: Path, tiny_model: Path) -
         assert node._may_claim() is True and node.not_claiming == ""
     finally:
         policy.close()
+
+
+def test_waiting_for_a_slow_server_is_not_charged_to_the_episode_limit(tmp_path: Path, tiny_model: Path) -> None:
+    """An overloaded server (a stand-in answering after 0.8 s) makes four turns take ~3.2 s of LLM wait
+    against rollout.run_timeout_s = 2: the episodes end by their turn budget, not as ``timeout``
+    (server load must not inject reward-0 samples)."""
+    from tests.agent.fake_engine import FakeEngine
+
+    engine = FakeEngine(version=VERSION, delay_s=0.8)
+    url = engine.start()
+    try:
+        paths, cfg = make_run(tmp_path, tiny_model, "rollout.run_timeout_s=2", "rollout.max_turns=4")
+        (paths.endpoints / "infer-slow.json").write_text(json.dumps(
+            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        run_node(paths, cfg, tmp_path)
+    finally:
+        engine.stop()
+    trajs = [t for ts in written(paths, cfg).values() for t in ts]
+    assert len(trajs) == 4
+    for t in trajs:
+        assert t.status == Status.TRUNCATED and t.metrics["stop_reason"] == "max_turns", t.metrics
+        assert t.metrics["agent_generate_s"] > 2.0 and t.metrics["turns"] == 4

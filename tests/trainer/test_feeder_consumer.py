@@ -81,3 +81,61 @@ def test_checkpoints_cli_lists_lineage(tmp_path: Path) -> None:
     table = subprocess.run([sys.executable, "-m", "hpc.cli", "checkpoints", str(root)], capture_output=True,
                            text=True, check=True).stdout
     assert "step_000004" in table and "s3" in table
+
+
+def _restamp(group: list, **changes: object) -> list:
+    """The same samples with some fields changed (frozen records: rebuilt, validated again)."""
+    import dataclasses
+
+    return [dataclasses.replace(t, **changes) for t in group]
+
+
+def test_consumer_refuses_what_the_trainer_cannot_reproduce(tmp_path: Path) -> None:
+    """Raw or unknown logprobs, greedy or nucleus sampling, one stale member: the WHOLE group is
+    dropped with the reason named; only the reproducible group trains."""
+    rng = np.random.default_rng(1)
+    groups = [
+        _restamp(make_group("raw@e0", [1, 0], rng), logprob_kind="raw"),
+        _restamp(make_group("unknown@e0", [1, 0], rng), logprob_kind="unknown"),
+        _restamp(make_group("greedy@e0", [1, 0], rng), sampling={"temperature": 0.0}),
+        _restamp(make_group("nucleus@e0", [1, 0], rng), sampling={"temperature": 0.7, "top_p": 0.9}),
+        _restamp(make_group("unrecorded@e0", [1, 0], rng), sampling={}),
+        make_group("late@e0", [1, 0], rng, version=1)[:1] + make_group("late@e0", [1, 0], rng, version=5)[1:],
+        _restamp(make_group("good@e0", [1, 0], rng, version=5), sampling={"temperature": 0.7}),
+    ]
+    write_groups(tmp_path, groups)
+    spool = Spool(tmp_path)
+    spool.fence("t")
+    c = Consumer(spool, "t", AlgorithmConfig(group_size=2, groups_per_step=1, max_staleness=2), max_seq_len=1000)
+    c.poll()
+    batch = c.next_batch(trainer_version=6, num_groups=1)
+    assert batch is not None and batch.task_ids == ["good@e0"]
+    assert [s.temperature for s in batch.samples] == [0.7, 0.7]
+    assert c.drops == {"logprob_kind:raw": 2, "logprob_kind:unknown": 2, "sampling:unsupported": 4,
+                       "sampling:unrecorded": 2, "stale": 2}
+
+
+def test_truncated_and_timeout_are_scored_or_masked(tmp_path: Path) -> None:
+    """'mask' keeps the sample's reward in the group baseline but trains none of its tokens."""
+    rng = np.random.default_rng(2)
+    group = make_group("g@e0", [1.0, 0.0, 0.0], rng)
+    group = [group[0], _restamp([group[1]], status="timeout")[0], _restamp([group[2]], status="truncated")[0]]
+    write_groups(tmp_path, [group])
+    outcomes = {}
+    for name, acfg in {"mask": AlgorithmConfig(group_size=3, groups_per_step=1, timeout="mask", truncated="mask"),
+                       "score": AlgorithmConfig(group_size=3, groups_per_step=1, timeout="score", truncated="score")
+                       }.items():
+        spool = Spool(tmp_path)
+        spool.fence(name)
+        c = Consumer(spool, name, acfg, max_seq_len=1000)
+        c.poll()
+        batch = c.next_batch(trainer_version=0, num_groups=1)
+        assert batch is not None
+        outcomes[name] = ([s.advantage for s in batch.samples], [s.num_loss_tokens for s in batch.samples],
+                          batch.masked)
+        spool.recover(name, [])  # give the shard back for the next consumer
+    adv_mask, tokens_mask, masked = outcomes["mask"]
+    adv_score, tokens_score, _ = outcomes["score"]
+    assert adv_mask == adv_score and adv_mask[0] > 0 > adv_mask[1]  # same baseline either way
+    assert masked == 2 and tokens_mask[1:] == [0, 0] and tokens_mask[0] > 0
+    assert all(n > 0 for n in tokens_score)

@@ -94,3 +94,23 @@ def test_kl_penalty_against_the_reference_model(tmp_path: Path) -> None:
     kls = [s["kl"] for s in read_metrics(paths.root, "train_step")]
     assert kls[0] == pytest.approx(0.0, abs=1e-9)  # the policy starts as the reference
     assert kls[-1] > 0  # and moves away from it
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_staleness_is_judged_at_the_version_that_trains_the_batch(tmp_path: Path, prefetch: bool) -> None:
+    """max_staleness 0, every sample from version 0, one publish per step: only the first batch is
+    on-policy. A batch prepared (prefetched) while step 1 runs trains on version 1, so its groups are
+    dropped as stale, whole, never trained one version old; without prefetch the same holds."""
+    cfg = run_config(trainer={"total_steps": 3, "checkpoint_every": 10, "prefetch": prefetch},
+                     algorithm={"max_staleness": 0})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(6))
+    t = _trainer(paths.root, cfg, max_idle_s=3.0)
+    assert t.run() == 0
+    steps = list(read_metrics(paths.root, "train_step"))
+    assert [s["step"] for s in steps] == [1]
+    assert steps[0]["staleness_hist"] == {"0": 8} and steps[0]["policy_version"] == 1
+    ledger = [e for m in ckpt.lineage(paths) for e in ckpt.read_ledger(paths, m["tag"])]
+    assert sorted(e["outcome"] for e in ledger).count("trained") == 8
+    assert {e.get("reason") for e in ledger if e["outcome"] == "dropped"} == {"stale"}
+    assert len(ledger) == 6 * 4

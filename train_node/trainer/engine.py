@@ -116,6 +116,12 @@ def fp32_head_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, positio
         return None
     hidden = decoder(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
                      use_cache=False).last_hidden_state[0]
+    return chunked_head_logprobs(hidden, head, targets, inv_t, chunk_tokens)
+
+
+def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, inv_t: torch.Tensor,
+                          chunk_tokens: int) -> torch.Tensor:
+    """The fp32 head + logprobs over ``chunk_tokens`` positions at a time, each chunk recomputed in backward."""
     pieces = []
     for lo in range(0, hidden.shape[0], chunk_tokens):
         sl = slice(lo, lo + chunk_tokens)

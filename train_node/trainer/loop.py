@@ -21,6 +21,7 @@ batch prefetched while a step runs is judged against the version that step publi
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,7 @@ class Trainer:
         self.rank = 0
         self.world = 1
         self.exit_code = 0
-        self._step_publishes = False
+        self._step_publishes = True  # whether the next (or running) step publishes; see train_version
 
     # ================================================================== setup
     def setup(self) -> None:
@@ -92,6 +93,11 @@ class Trainer:
         if self.rank == 0:
             self._setup_rank0(meta)
         self._publish_initial(meta)
+        self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
+        if self.rank == 0:  # only now: the first batch is filtered at the version just published
+            self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, self.train_version,
+                                      prefetch=self.cfg.trainer.prefetch,
+                                      poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s), draining=self._draining)
         self.counters = Counters()  # idle time and throughput count from here, not from process start
 
     def _latest_meta(self) -> dict[str, Any] | None:
@@ -137,16 +143,14 @@ class Trainer:
         self.publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
                                    self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies)
         self.metrics = MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}")
-        self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, self.train_version,
-                                  prefetch=self.cfg.trainer.prefetch, poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s),
-                                  draining=self._draining)
         self.metrics.log("trainer_start", step=self.step, generation=self.generation, recovered=self.recovered,
                          world_size=self.world, resumed_from=meta["tag"] if meta else None)
 
-    def train_version(self) -> int:
-        """The policy version of the weights that will train the next batch: the published version,
-        plus one while a step that will publish is running (a prefetched batch trains after it)."""
-        return self.publisher.version + int(self._step_publishes)
+    def train_version(self, outstanding: bool) -> int:
+        """The policy version of the weights that will train the batch being built: the published
+        version, plus one when a batch is already handed out (``outstanding``, its step not finished)
+        and that step publishes, since the new batch trains after it."""
+        return self.publisher.version + int(outstanding and self._step_publishes)
 
     def _make_feeder(self, meta: dict[str, Any] | None) -> Feeder | None:
         if not self.opt.instance_ids:
@@ -248,7 +252,6 @@ class Trainer:
 
     # ================================================================== one step
     def train_step(self, msg: dict[str, Any]) -> StepResult:
-        self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
         result = self.engine.train_step(msg["per_rank"][self.rank])
         self.step += 1
         self.counters.tokens += result.tokens
@@ -257,14 +260,23 @@ class Trainer:
             batch, plan, waited = self._pending
             with self.consumer.lock:
                 self.consumer.mark_trained(batch, self.step)
-        if self._step_publishes:
-            published = self.publish()
-        self._step_publishes = False
+        published = self._publish_and_finish_step()
         if self.rank == 0:
             self._log_step(result, batch, plan, waited, published)
         if self.step % self.cfg.trainer.checkpoint_every == 0:
             self.checkpoint()
         return result
+
+    def _publish_and_finish_step(self) -> Any:
+        """Publish (every N steps) and end the step for the batch source, atomically for a prefetch
+        that is filtering the next batch (it holds the consumer lock while it asks train_version)."""
+        lock = self.consumer.lock if self.rank == 0 else contextlib.nullcontext()
+        with lock:
+            published = self.publish() if self._step_publishes else None
+            self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
+            if self.rank == 0:
+                self.source.step_finished()
+        return published
 
     def publish(self, *, wait: bool = False) -> Any:
         """Collective (ZeRO-3 gathers); rank 0 hands the weights to the background writer."""

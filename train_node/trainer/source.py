@@ -6,6 +6,9 @@ Guarantees:
   and the thread only runs ahead by one).
 - ``get`` reports the seconds the caller waited (the trainer's idle time).
 - All consumer access goes through ``consumer.lock``, so a checkpoint sees a consistent state.
+- Batches are filtered at the version that will train them: ``version(outstanding)`` is asked with
+  ``outstanding`` True while a batch handed out by ``get`` has not finished its step
+  (:meth:`step_finished`), since a batch built then trains after that step.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from train_node.trainer.consumer import Batch, Consumer
 
 
 class BatchSource:
-    def __init__(self, consumer: Consumer, num_groups: int, version: Callable[[], int], *, prefetch: bool,
+    def __init__(self, consumer: Consumer, num_groups: int, version: Callable[[bool], int], *, prefetch: bool,
                  poll_interval_s: float, draining: Callable[[], bool]) -> None:
         self.consumer = consumer
         self.num_groups = num_groups
@@ -27,6 +30,7 @@ class BatchSource:
         self.poll_interval_s = poll_interval_s
         self.draining = draining
         self._ready: Batch | None = None
+        self._outstanding = False  # a batch was handed out and its step has not finished
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -37,12 +41,17 @@ class BatchSource:
 
     def _try_build(self) -> Batch | None:
         """One attempt: build from the buffer, else claim shards and try again (caller holds the lock)."""
-        batch = self.consumer.next_batch(self.version(), self.num_groups)
+        version = self.version(self._outstanding)
+        batch = self.consumer.next_batch(version, self.num_groups)
         if batch is None and self.consumer.poll():
-            batch = self.consumer.next_batch(self.version(), self.num_groups)
+            batch = self.consumer.next_batch(version, self.num_groups)
         if batch is None and self.draining():
-            batch = self.consumer.next_batch(self.version(), self.num_groups, allow_partial=True)
+            batch = self.consumer.next_batch(version, self.num_groups, allow_partial=True)
         return batch
+
+    def step_finished(self) -> None:
+        """The step of the batch last handed out is over (its weights are published, if it publishes)."""
+        self._outstanding = False
 
     def _loop(self) -> None:
         try:
@@ -73,6 +82,7 @@ class BatchSource:
             while True:
                 with self.consumer.lock:
                     batch = self._try_build()
+                    self._outstanding = batch is not None
                 if batch is not None or time.perf_counter() >= deadline:
                     return batch, time.perf_counter() - t0
                 time.sleep(self.poll_interval_s)
@@ -81,6 +91,8 @@ class BatchSource:
             if self.error is not None:
                 raise self.error
             batch, self._ready = self._ready, None
+            if batch is not None:
+                self._outstanding = True  # before the prefetch thread wakes up to build the next one
             self._cv.notify_all()
         return batch, time.perf_counter() - t0
 
