@@ -8,7 +8,7 @@
 set -euo pipefail
 DEMO_PACKAGES=(bubblewrap debootstrap git ca-certificates python3-venv)
 TEST_PACKAGES=("${DEMO_PACKAGES[@]}" shellcheck bindfs uidmap strace tmux patch procps psmisc patchelf
-               squashfs-tools build-essential)
+               squashfs-tools build-essential chromium)
 
 list=0
 [ "${1:-}" = "--list" ] && { list=1; shift; }
