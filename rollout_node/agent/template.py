@@ -1,12 +1,15 @@
-"""ChatML per-message pieces as token IDs, derived once from a model dir without torch/transformers.
+"""Per-message chat pieces as token IDs, derived once from a model dir without torch/transformers.
 
 Guarantees:
 - Loads ``tokenizer.json`` with the Rust ``tokenizers`` library and reads the special tokens from
   ``tokenizer_config.json``; no jinja, no transformers.
-- The chat template must be ChatML-style: ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n`` per message
-  and ``<|im_start|>assistant\\n`` as the generation prompt. Anything else is a ConfigError.
+- The chat template must be one of :data:`hpc.chat_format.FORMATS`: ChatML
+  (``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``, generation prompt ``<|im_start|>assistant\\n``) or
+  Llama 3 (``<|start_header_id|>ROLE<|end_header_id|>\\n\\nCONTENT<|eot_id|>``). Anything else is a
+  ConfigError naming the supported formats.
 - **The piece rule.** A message is ``prefix(role) + encode_content(content) + suffix`` where
-  ``prefix(role) = encode("<|im_start|>" + role + "\\n")`` and ``suffix = encode("<|im_end|>\\n")``,
+  ``prefix(role) = encode(header(role))`` (e.g. ``"<|im_start|>" + role + "\\n"``) and
+  ``suffix = encode(end_of_turn + after_end_of_turn)`` (``"<|im_end|>\\n"``; ``"<|eot_id|>"``),
   each encoded ALONE (special tokens become their single IDs). Pieces are computed once and
   cached. For a first prompt whose message contents neither start nor end with whitespace this
   equals ``apply_chat_template(..., tokenize=True)`` (tested); where content starts with
@@ -16,8 +19,9 @@ Guarantees:
 - Message CONTENT is encoded with special tokens treated as plain text (:meth:`ChatTemplate.encode_content`):
   a tool output or a file that contains ``<|im_end|>`` or ``<|im_start|>`` cannot forge turn
   boundaries; only the pieces above produce special IDs.
-- ``end_of_turn`` is the ``<|im_end|>`` ID; ``after_end_of_turn`` is what the template puts after it
-  (the ``"\\n"``); a completion that stops without ``<|im_end|>`` gets ``suffix`` appended.
+- ``im_end`` is the end-of-turn ID (``<|im_end|>``, ``<|eot_id|>``; the name is ChatML's);
+  ``after_end_of_turn`` is what the template puts after it (``"\\n"`` for ChatML, nothing for
+  Llama 3); a completion that stops without it gets ``suffix`` appended.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from hpc.chat_format import CHATML, ChatFormat, check_model_dir, read_chat_template
 from hpc.errors import ConfigError
 
 IM_START = "<|im_start|>"
@@ -52,35 +57,28 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_chat_template(model_dir: Path, config: dict[str, Any]) -> str:
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    template = config.get("chat_template")
-    return template if isinstance(template, str) else ""
-
-
 class ChatTemplate:
-    """ChatML pieces as token IDs plus the tokenizer the agent uses for observations."""
+    """Chat pieces (one :class:`hpc.chat_format.ChatFormat`) as token IDs plus the tokenizer the agent uses."""
 
     def __init__(self, tokenizer: Tokenizer, *, eos_token: str | None = None, bos_token: str | None = None,
-                 template_text: str = "") -> None:
+                 template_text: str = "", chat_format: ChatFormat = CHATML) -> None:
         self.tokenizer = tokenizer
+        self.format = chat_format
         # A second instance with encode_special_tokens on (the flag lives on the object; toggling it
         # per call would race between episode threads).
         self._content_tokenizer = Tokenizer.from_str(tokenizer.to_str())
         self._content_tokenizer.encode_special_tokens = True
         self._prefixes: dict[str, tuple[int, ...]] = {}
-        self.im_start = self._special_id(IM_START)
-        self.im_end = self._special_id(IM_END)
+        self.im_end = self._special_id(chat_format.end_of_turn)
         self.eos = tokenizer.token_to_id(eos_token) if eos_token else None
-        # A template that opens with the BOS token (rare for ChatML) gets it at the start of a prompt.
+        # A template that opens with the BOS token (Llama 3; rare for ChatML) gets it at the start of a prompt.
         bos_id = tokenizer.token_to_id(bos_token) if bos_token and "bos_token" in template_text else None
         self.bos_prefix: tuple[int, ...] = (int(bos_id),) if bos_id is not None else ()
-        self.suffix = tuple(self.encode(IM_END + "\n"))
-        assert self.suffix[0] == self.im_end, "<|im_end|> must encode to its own ID"
+        self.suffix = tuple(self.encode(chat_format.end_of_turn + chat_format.after_end_of_turn))
+        assert self.suffix[0] == self.im_end, "the end-of-turn token must encode to its own ID"
         self.after_end_of_turn = self.suffix[1:]
         self.generation_prompt = self.prefix("assistant")
+        self.im_start = self.generation_prompt[0]  # the ID that opens a role header (ChatML's name)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ChatTemplate:
@@ -91,17 +89,16 @@ class ChatTemplate:
             raise ConfigError([f"model dir {d}: no tokenizer.json (the agent needs a fast tokenizer file)"])
         config_file = d / "tokenizer_config.json"
         config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        template_text = _read_chat_template(d, config)
-        if template_text and not (IM_START in template_text and IM_END in template_text):
-            raise ConfigError([f"model dir {d}: chat template is not ChatML ({IM_START} ... {IM_END}); "
-                               "the agent's per-message pieces are only defined for ChatML"])
+        chat_format = check_model_dir(d, key=f"model dir {d}")
+        template_text = read_chat_template(d)
         return cls(Tokenizer.from_file(str(tok_file)), eos_token=_token_text(config.get("eos_token")),
-                   bos_token=_token_text(config.get("bos_token")), template_text=template_text)
+                   bos_token=_token_text(config.get("bos_token")), template_text=template_text,
+                   chat_format=chat_format)
 
     def _special_id(self, text: str) -> int:
         tid = self.tokenizer.token_to_id(text)
         if tid is None:
-            raise ConfigError([f"tokenizer has no {text} token; the agent needs a ChatML tokenizer"])
+            raise ConfigError([f"tokenizer has no {text} token, which the {self.format.name} chat format needs"])
         return int(tid)
 
     def encode(self, text: str) -> list[int]:
@@ -116,12 +113,12 @@ class ChatTemplate:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def prefix(self, role: str) -> tuple[int, ...]:
-        """``<|im_start|>ROLE\\n`` as IDs (cached: a handful of roles per template)."""
+        """The role header (``<|im_start|>ROLE\\n``) as IDs (cached: a handful of roles per template)."""
         cached = self._prefixes.get(role)
         if cached is None:
             if not re.fullmatch(r"[A-Za-z_]+", role):
                 raise ValueError(f"bad chat role {role!r}")
-            cached = self._prefixes[role] = tuple(self.encode(f"{IM_START}{role}\n"))
+            cached = self._prefixes[role] = tuple(self.encode(self.format.header(role)))
         return cached
 
     @property

@@ -53,11 +53,54 @@ def test_multi_turn_conversation_equals_template_rendering(tiny_model_dir: Path,
     assert rendered[-1:] == list(template.after_end_of_turn)
 
 
-def test_non_chatml_template_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
-    d = tmp_path / "llama_like"
+# A Llama-3-family template written here from the format's description (BOS, a header per message,
+# trimmed content, <|eot_id|>; the generation prompt is the assistant header).
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny BPE with Llama 3's special tokens and chat format (tokenizer files only)."""
+    hf = _hf(tiny_model_dir)
+    hf.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                           "additional_special_tokens": LLAMA3_SPECIALS[2:]})
+    hf.chat_template = LLAMA3_TEMPLATE
+    d = tmp_path_factory.mktemp("llama3")
+    hf.save_pretrained(str(d))
+    return d
+
+
+def test_llama3_pieces_equal_its_template(llama3_dir: Path) -> None:
+    """Header and end-of-turn pieces of the Llama 3 family: the first prompt (BOS included) and a whole
+    multi-turn conversation equal the model's own apply_chat_template."""
+    template = ChatTemplate.from_model_dir(llama3_dir)
+    hf = _hf(llama3_dir)
+    assert template.format.name == "llama3" and template.after_end_of_turn == ()
+    msgs = [{"role": m.role, "content": m.content} for m in MESSAGES]
+    assert template.first_prompt(MESSAGES) == _apply(hf, msgs, gen=True)
+    assert template.first_prompt(MESSAGES)[0] == hf.convert_tokens_to_ids("<|begin_of_text|>")
+    assert template.stop_token_ids[0] == hf.convert_tokens_to_ids("<|eot_id|>")
+    texts = [format_tool_call("bash", {"command": "ls"}), "thinking", format_tool_call("submit", {})]
+    loop = AgentLoop(template, AgentLimits(max_turns=5, observation_role="user"))
+    result = loop.run(MESSAGES, ScriptedIds(template, texts), RecordingTools(output="calc.py\ntest_calc.py"))
+    assert result.submitted
+    convo = msgs[:]
+    for turn in result.turns:
+        convo.append({"role": "assistant", "content": template.decode(turn.completion.token_ids)})
+        if turn.observation_tokens:
+            convo.append({"role": "user", "content": turn.observation})
+    assert result.token_ids == _apply(hf, convo, gen=False)
+
+
+def test_unsupported_template_is_refused_naming_the_supported_ones(tiny_model_dir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "mistral_like"
     shutil.copytree(tiny_model_dir, d)
     (d / "chat_template.jinja").write_text("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
-    with pytest.raises(ConfigError, match="not ChatML"):
+    with pytest.raises(ConfigError, match=r"none of the formats spoolrl's agent supports \(chatml, llama3\)"):
         ChatTemplate.from_model_dir(d)
 
 

@@ -142,3 +142,27 @@ def test_untrainable_sampling_is_refused_by_every_verb_before_anything_starts(ve
     assert "inference.top_p: top_p 0.5" in out.stderr and "set it to 1.0" in out.stderr
     assert "inference.temperature: temperature 0" in out.stderr
     assert list(tmp_path.iterdir()) == [], "nothing may be created for a refused config"
+
+
+@pytest.mark.parametrize("verb", [["validate"], ["render"], ["launch", "--dry-run"], ["init", "RUNDIR"],
+                                  ["demo", "--steps", "1"]])
+def test_unsupported_chat_template_is_refused_before_anything_starts(verb: list[str], tmp_path: Path) -> None:
+    model = tmp_path / "mistral"
+    model.mkdir()
+    (model / "chat_template.jinja").write_text("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [*SPOOLRL, *[str(work / "run") if v == "RUNDIR" else v for v in verb], f"model.path={model}",
+            "trainer.precision=fp32", "slurm.train.gpus_per_node=0"]
+    if verb[0] == "demo":
+        args += ["--out", str(work / "demo")]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=work, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "model.path" in out.stderr and "(chatml, llama3)" in out.stderr
+    assert list(work.iterdir()) == [], "nothing may be created for a refused model"
+
+
+def test_a_model_dir_not_visible_here_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    out = subprocess.run([*SPOOLRL, "validate", "model.path=/nowhere/model", "trainer.precision=fp32",
+                          "slurm.train.gpus_per_node=0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "cannot be checked" in out.stderr

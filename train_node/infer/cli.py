@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from hpc.cli_util import add_run_arg, print_json
+from hpc.cli_util import add_run_arg, print_json, stdout_to_stderr
 
 
 def register(sub: Any) -> None:
@@ -78,7 +78,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _tiny(args: argparse.Namespace) -> int:
     from train_node.infer.tiny import MARKER, build_tiny_model
 
-    out = build_tiny_model(args.dir, seed=args.seed, vocab_size=args.vocab_size)
+    with stdout_to_stderr():
+        out = build_tiny_model(args.dir, seed=args.seed, vocab_size=args.vocab_size)
     info = json.loads((out / MARKER).read_text())
     print_json({"dir": str(out), "params": info["params"], **info["spec"]})
     return 0
