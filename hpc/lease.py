@@ -11,6 +11,8 @@ Guarantees (each holds on NFS, Lustre and GPFS; no flock/fcntl, no inotify, no m
   stopped past its lease) can no longer finish: :meth:`TaskQueue.finish` answers False.
 - ``put`` is idempotent per task id: ids already ready, claimed or done (``done/<task>@<attempt>``
   is kept forever) are skipped, and the final link refuses to replace an existing file.
+- ``reissue`` runs a finished task again whose results were lost (its shard quarantined): done
+  goes back to ready with the attempt bumped; a task file that vanished is put again.
 - A worker is alive while its heartbeat counter file changes, as observed on the *observer's own*
   ``time.monotonic()``; a worker whose counter has not changed for its lease (written into the
   heartbeat file) is expired and its claims go back to ``ready/`` with the attempt bumped.
@@ -318,6 +320,29 @@ class TaskQueue:
         names.update(_split(n)[0] for n in visible(listdir(self.done)))
         names.update(_split(n)[0] for n in visible(listdir(self.ready)))
         return names
+
+    def open_names(self) -> set[str]:
+        """Names of the tasks ready or claimed (listed ready, claimed, ready: a task being claimed or
+        reclaimed during the listing is seen in one of them)."""
+        names = {_split(n)[0] for n in visible(listdir(self.ready))}
+        for worker in visible(listdir(self.claimed)):
+            names.update(_split(n)[0] for n in visible(listdir(self.claimed / worker)))
+        names.update(_split(n)[0] for n in visible(listdir(self.ready)))
+        return names
+
+    def reissue(self, task: Mapping[str, Any]) -> str:
+        """Run a finished task again: ``done/<task>@<a>`` goes back to ``ready/<task>@<a+1>``; a task
+        found nowhere (its file lost to a read error) is put again. Returns 'reissued', 're-put' or
+        'open' (it is ready or claimed already)."""
+        name = safe_name(str(task["task_id"]))
+        done = sorted((n for n in visible(listdir(self.done)) if _split(n)[0] == name), key=lambda n: _split(n)[1])
+        if done:
+            attempt = _split(done[-1])[1]
+            if try_rename(self.done / done[-1], self.ready / f"{name}@{attempt + 1}", check_dst=False):
+                return "reissued"
+        if name in self.open_names():
+            return "open"
+        return "re-put" if self.put([task]) else "open"
 
     def put(self, tasks: Iterable[Mapping[str, Any]]) -> int:
         known = self.known_names()

@@ -27,6 +27,8 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
 - A corrupt or truncated shard is moved to ``quarantine/`` with a reason and counted; the reader
   carries on. Every trajectory ends committed (trained), dropped with a reason, quarantined, or
   still queued: :meth:`Spool.stats` counts each.
+- Shards are claimed in the order the consumer first listed them (:mod:`hpc.arrival`), never by
+  the writer's wall-clock time that opens each shard id: a skewed clock neither jumps nor starves.
 - Idle polling (:meth:`Spool.wait_for_shards`, or ``claim_shards(..., if_changed=True)``) costs
   one ``stat`` of ``shards/ready`` per poll; it lists only when the directory's attributes changed
   (and once more a few seconds later, so a coarse timestamp never hides a shard). On NFS the
@@ -60,6 +62,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from hpc.arrival import SETTLE_S, ReadyWatch
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, FencedError, SpoolError
 from hpc.fsutil import atomic_write_json
@@ -87,9 +90,8 @@ from hpc.shard import (
 )
 from hpc.trajectory import Trajectory
 
-__all__ = ["Shard", "Spool", "TaskLease"]
+__all__ = ["SETTLE_S", "Shard", "Spool", "TaskLease"]
 
-SETTLE_S = 2.5  # longer than the coarsest directory timestamp tick of the filesystems we support
 
 
 class Shard:
@@ -141,9 +143,7 @@ class Spool:
         self._last_beat: dict[str, tuple[float, float]] = {}
         self._generation: dict[str, int] = {}
         self._owners: dict[str, str] | None = None  # task_id -> "writer session#attempt" that owns it
-        self._poll_sig: tuple[int, ...] | None = None
-        self._sig_seen = 0.0
-        self._settled = False
+        self._watch = ReadyWatch(self.ready)
         self._cleaner = TmpCleaner(self.config.lease_s)
         self._made: set[Path] = set()
         self._next_sweep = 0.0
@@ -173,6 +173,15 @@ class Spool:
     def release_task(self, lease: TaskLease) -> bool:
         """Give the task back to ready (next attempt); False if the lease was already reclaimed."""
         return self.tasks.release(lease)
+
+    def open_tasks(self, task_ids: Iterable[str]) -> set[str]:
+        """The subset of ``task_ids`` that is ready or claimed (not finished, not lost)."""
+        names = self.tasks.open_names()
+        return {t for t in task_ids if safe_name(t) in names}
+
+    def reissue_task(self, task: Mapping[str, Any]) -> str:
+        """Run a finished task again whose results were lost (see :meth:`TaskQueue.reissue`)."""
+        return self.tasks.reissue(task)
 
     def heartbeat(self, worker_id: str, *, lease_s: float | None = None) -> None:
         """Show that ``worker_id`` lives: call at least every ``heartbeat_interval_s``."""
@@ -218,6 +227,15 @@ class Spool:
         """Backpressure: shards published and not yet claimed by a consumer."""
         return sum(1 for n in visible(listdir(self.ready)) if n.endswith(SUFFIX))
 
+    def unconsumed_shards(self, consumer_id: str) -> set[str]:
+        """Shard names this consumer has not taken in yet: ready, or claimed by another generation."""
+        mine = self.claimed / f"{safe_name(consumer_id)}@g{self._my_generation(consumer_id)}"
+        names = set(visible(listdir(self.ready)))
+        for d in visible(listdir(self.claimed)):
+            if self.claimed / d != mine:
+                names.update(visible(listdir(self.claimed / d)))
+        return {n for n in names if n.endswith(SUFFIX)}
+
     def backpressure(self) -> bool:
         """True while rollout nodes should stop claiming tasks (too much unconsumed work)."""
         return self.pending_work() >= self.config.max_ready_shards
@@ -231,17 +249,18 @@ class Spool:
 
     # =========================================================================== consuming
     def claim_shards(self, consumer_id: str, max_shards: int, *, if_changed: bool = False) -> list[Shard]:
-        """Claim up to ``max_shards`` ready shards (oldest first); corrupt ones are quarantined.
+        """Claim up to ``max_shards`` ready shards in arrival order (:mod:`hpc.arrival`: the order this
+        object first listed them, never the writers' clocks); corrupt ones are quarantined.
 
         ``if_changed=True`` (for polling loops): one ``stat`` instead of a listing while ``ready/``
         has not changed. Raises FencedError for a consumer of an older generation.
         """
         self._maybe_sweep(consumer_id)
-        if if_changed and not self._ready_changed():
+        if if_changed and not self._watch.changed():
             return []
         listing = listdir(self.ready)
         self._clean_tmp(listing)
-        names = sorted(n for n in visible(listing) if n.endswith(SUFFIX))
+        names = self._watch.order(n for n in visible(listing) if n.endswith(SUFFIX))
         if not names or max_shards <= 0:
             return []
         self._check_fence(consumer_id)
@@ -267,28 +286,6 @@ class Spool:
             if left <= 0:
                 return []
             time.sleep(min(left, self.config.poll_interval_s * random.uniform(0.8, 1.2)))
-
-    def _ready_changed(self) -> bool:
-        """One ``stat`` of ``ready/``: False only when listing it cannot show anything new.
-
-        Only the directory's own attributes are compared, never with a clock. A change that lands
-        in the same timestamp tick as the last one keeps the same attributes, so a signature is
-        listed twice: when first seen, and once more SETTLE_S later on this process's monotonic
-        clock, when every change hidden behind that tick (1 s at the coarsest) is visible.
-        """
-        try:
-            st = os.stat(self.ready)
-        except OSError:
-            return True
-        sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink, st.st_ino)
-        now = time.monotonic()
-        if sig != self._poll_sig:
-            self._poll_sig, self._sig_seen, self._settled = sig, now, False
-            return True
-        if not self._settled and now - self._sig_seen >= SETTLE_S:
-            self._settled = True
-            return True
-        return False
 
     def _claim_dir(self, consumer_id: str) -> Path:
         path = self.claimed / f"{safe_name(consumer_id)}@g{self._my_generation(consumer_id)}"

@@ -37,8 +37,9 @@ class InferenceConfig:
         "auto", doc="weights dtype ('auto': float32 on the CPU engine, vLLM's own 'auto' on vLLM, which serves "
         "fp32 checkpoints in 16 bits; logprobs then differ from an fp32 forward pass by ~0.03)")
     max_model_len: int = knob(0, doc="context limit in tokens (0 = the model's max_position_embeddings)", min=0)
-    require_auth_all: bool = knob(False, doc="also require the run secret (Authorization: Bearer) for "
-                                  "/v1/completions, /v1/models and /weight_info; weight changes always need it",
+    require_auth_all: bool = knob(True, doc="require the run secret (Authorization: Bearer, RUN/control/secret) on "
+                                  "every route but /health; false opens /v1/completions, /v1/models and "
+                                  "/weight_info to anyone who reaches the port (weight changes always need it)",
                                   resumable=True)
     heartbeat_s: float = knob(2.0, doc="seconds between health checks + heartbeat updates of endpoint files",
                               min=0.1, resumable=True)

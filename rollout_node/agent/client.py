@@ -18,6 +18,8 @@ Guarantees:
   tries again. When attempts run out, or the server rejects the request (4xx) or answers
   malformed data, :class:`hpc.errors.InferenceError` is raised: the loop records
   ``inference_error``; nothing here kills the node.
+- Authentication: with a ``token`` (``from_config`` reads the run secret, ``RUN/control/secret``)
+  every request to every server carries ``Authorization: Bearer <token>``.
 - At most ``max_concurrent_per_server`` requests are in flight to one server from this client.
 """
 
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import InferenceError
+from hpc.paths import RunPaths
 from rollout_node.agent.endpoints import EndpointDirectory, EndpointSource, StaticEndpoints
 from rollout_node.agent.http import FatalHTTPError, HTTPTransport, TransientHTTPError
 from rollout_node.agent.policy import Completion, SamplingParams
@@ -87,6 +90,15 @@ def parse_completion(data: Any, prompt_ids: Sequence[int], server: str, latency_
                       server=server, latency_s=latency_s)
 
 
+def run_secret(run_dir: Path) -> str | None:
+    """The run's bearer secret (``RUN/control/secret``, written 0600 by ``spoolrl init``); None if absent."""
+    try:
+        text = RunPaths(run_dir).secret.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return text or None
+
+
 @dataclass
 class _Server:
     url: str
@@ -114,7 +126,8 @@ class InferenceClient:
 
     def __init__(self, endpoints: EndpointSource | Sequence[str], *, model: str | None = None,
                  request_timeout_s: float = 120.0, max_concurrent_per_server: int = 16,
-                 retry: RetryPolicy = RetryPolicy(), seed: int | None = None) -> None:
+                 retry: RetryPolicy = RetryPolicy(), seed: int | None = None, token: str | None = None) -> None:
+        self.token = token
         self.endpoints: EndpointSource = (StaticEndpoints(list(endpoints)) if isinstance(endpoints, list | tuple)
                                           else endpoints)  # type: ignore[assignment]
         self.model = model
@@ -128,7 +141,12 @@ class InferenceClient:
     @classmethod
     def from_config(cls, cfg: Any, *, run_dir: str | Path | None = None, urls: Sequence[str] = (),
                     **kwargs: Any) -> InferenceClient:
-        """From an :class:`hpc.config.inference.InferenceConfig` and a run dir (or explicit URLs)."""
+        """From an :class:`hpc.config.inference.InferenceConfig` and a run dir (or explicit URLs).
+
+        With a run dir, requests carry its secret (``RUN/control/secret``) unless ``token`` is given.
+        """
+        if run_dir is not None and "token" not in kwargs:
+            kwargs["token"] = run_secret(Path(run_dir))
         source: EndpointSource = (StaticEndpoints(list(urls)) if urls
                                   else EndpointDirectory(Path(run_dir or ".") / "endpoints"))
         retry = RetryPolicy(max_retries=cfg.max_retries)
@@ -143,7 +161,7 @@ class InferenceClient:
             srv = self._servers.get(url)
             if srv is None:
                 srv = self._servers[url] = _Server(
-                    url, HTTPTransport(url, timeout_s=self.request_timeout_s),
+                    url, HTTPTransport(url, timeout_s=self.request_timeout_s, token=self.token),
                     threading.BoundedSemaphore(self.max_concurrent))
             return srv
 

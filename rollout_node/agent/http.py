@@ -6,6 +6,8 @@ Guarantees:
 - Keep-alive connections are pooled per server (one per in-flight request); a connection that
   saw any error is closed, never reused. A pooled connection the server closed while idle is
   retried once on a fresh connection (that is keep-alive housekeeping, not a failure).
+- With a ``token`` every request carries ``Authorization: Bearer <token>`` (the run secret: the
+  run's inference servers require it on every route but ``/health`` by default).
 - Failures are classified: :class:`TransientHTTPError` (connect refused/reset, timeout, 408/429/5xx,
   unreadable body: worth a retry or a failover) vs :class:`FatalHTTPError` (other 4xx: the request
   itself is wrong; retrying cannot help).
@@ -63,8 +65,9 @@ def _connection_factory(url: str, timeout_s: float) -> Any:
 class HTTPTransport:
     """JSON requests to one server with a small pool of keep-alive connections."""
 
-    def __init__(self, url: str, *, timeout_s: float, max_idle: int = 16) -> None:
+    def __init__(self, url: str, *, timeout_s: float, max_idle: int = 16, token: str | None = None) -> None:
         self.url = url
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._new = _connection_factory(url, timeout_s)
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -88,7 +91,7 @@ class HTTPTransport:
         payload = json.dumps(body).encode() if body is not None else None
         conn, reused = self._take()
         try:
-            status, data = self._roundtrip(conn, method, path, payload)
+            status, data = self._roundtrip(conn, method, path, payload, self._auth)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
             conn.close()
             if not reused:
@@ -104,15 +107,15 @@ class HTTPTransport:
     def _guarded(self, conn: http.client.HTTPConnection, method: str, path: str,
                  payload: bytes | None) -> tuple[int, bytes]:
         try:
-            return self._roundtrip(conn, method, path, payload)
+            return self._roundtrip(conn, method, path, payload, self._auth)
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise TransientHTTPError(f"{self.url}: {exc!r}") from exc
 
     @staticmethod
-    def _roundtrip(conn: http.client.HTTPConnection, method: str, path: str,
-                   payload: bytes | None) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
+    def _roundtrip(conn: http.client.HTTPConnection, method: str, path: str, payload: bytes | None,
+                   auth: dict[str, str]) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json", **auth} if payload is not None else dict(auth)
         conn.request(method, path, body=payload, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()

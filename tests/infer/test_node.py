@@ -23,6 +23,8 @@ from hpc.cli_run import init_run
 from hpc.config import load_config
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
+from rollout_node.agent.client import InferenceClient
+from rollout_node.agent.policy import SamplingParams
 from train_node.infer.node import build_specs
 from train_node.infer.servers import VllmServer
 
@@ -60,9 +62,11 @@ def test_infer_node_cpu_lifecycle(models: dict[str, Path], tmp_path: Path) -> No
         beat = _endpoint(paths, lambda e: e["heartbeat"] >= first["heartbeat"] + 2, proc)
         assert beat["url"] == first["url"]
 
+        _closed_by_default(paths, first["url"])
+
         _publish(paths, 1, models["b"])
         info = _endpoint(paths, lambda e: e["version"] == 1, proc)
-        _completion_matches(info["url"], paths.policy_version(1), 1)
+        _completion_matches(info["url"], paths.policy_version(1), 1, _secret(paths))
 
         os.kill(info["server_pid"], signal.SIGKILL)  # a dead server is restarted, on the newest policy
         again = _endpoint(paths, lambda e: e["server_pid"] != info["server_pid"], proc)
@@ -81,9 +85,30 @@ def _start_node(paths: RunPaths) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _completion_matches(url: str, model_dir: Path, version: int) -> None:
+def _secret(paths: RunPaths) -> str:
+    return paths.secret.read_text().strip()
+
+
+def _closed_by_default(paths: RunPaths, url: str) -> None:
+    """inference.require_auth_all is on by default: only /health answers without the run secret, and the
+    rollout agent's client (InferenceClient.from_config on the run dir) sends it on every request."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 2}
+    assert http(url, "/v1/completions", body)[0] == 401
+    assert http(url, "/v1/models")[0] == 401 and http(url, "/weight_info")[0] == 401
+    assert http(url, "/v1/completions", body, token="wrong")[0] == 401
+    assert http(url, "/health")[0] == 200
+    client = InferenceClient.from_config(load_config(None, []).inference, run_dir=paths.root)
+    try:
+        out = client.session("k").generate([1, 2, 3], SamplingParams(max_tokens=3, seed=1))
+    finally:
+        client.close()
+    assert 1 <= len(out.token_ids) <= 3 and out.server == url
+
+
+def _completion_matches(url: str, model_dir: Path, version: int, token: str | None = None) -> None:
     status, out = http(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 6, "logprobs": 1,
-                                                "return_token_ids": True, "ignore_eos": True, "seed": 1})
+                                                "return_token_ids": True, "ignore_eos": True, "seed": 1},
+                       token=token)
     choice = out["choices"][0]
     assert status == 200 and choice["weight_versions"] == [{"version": version, "start": 0, "end": 6}]
     ref = forward_logprobs(model_dir, [1, 2, 3], choice["token_ids"])
@@ -104,11 +129,11 @@ def test_infer_node_vllm_lifecycle(models: dict[str, Path], tmp_path: Path) -> N
     try:
         info = _endpoint(paths, lambda e: e["version"] == 0, proc, timeout_s=480)
         assert info["engine"] == "vllm"
-        _completion_matches(info["url"], paths.model, 0)
+        _completion_matches(info["url"], paths.model, 0, _secret(paths))
         assert http(info["url"], "/collective_rpc", {"method": "reload_weights"})[0] == 401
         _publish(paths, 1, models["b"])
         info = _endpoint(paths, lambda e: e["version"] == 1, proc, timeout_s=120)
-        _completion_matches(info["url"], paths.policy_version(1), 1)
+        _completion_matches(info["url"], paths.policy_version(1), 1, _secret(paths))
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(90)

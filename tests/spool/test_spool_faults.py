@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from spool_helpers import CTX, make_group, make_traj, start
 
-import hpc.spool as spool_module
+import hpc.arrival as arrival_module
 from hpc.cli import main as cli_main
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
@@ -288,9 +288,9 @@ def test_polling_never_loses_a_shard_hidden_behind_a_coarse_timestamp(
     spool = Spool(tmp_path)
     frozen = os.stat(spool.ready)  # a filesystem whose directory attributes did not move
     real_stat = os.stat
-    monkeypatch.setattr(spool_module.os, "stat",
+    monkeypatch.setattr(arrival_module.os, "stat",
                         lambda p, *a, **k: frozen if Path(p) == spool.ready else real_stat(p, *a, **k))
-    monkeypatch.setattr(spool_module, "SETTLE_S", 0.3)
+    monkeypatch.setattr(arrival_module, "SETTLE_S", 0.3)
     assert spool.claim_shards("c", 4, if_changed=True) == []  # first sight: lists
     with spool.writer("w") as writer:
         writer.add_group(make_group("t", 2))

@@ -17,13 +17,29 @@ from train_node.trainer.feeder import Feeder, epoch_order
 from .helpers import make_group, write_groups
 
 
+class _Resolved:
+    """A stand-in consumer: which tasks are resolved, which are held."""
+
+    def __init__(self) -> None:
+        self.resolved: set[str] = set()
+        self.held: set[str] = set()
+
+    def is_resolved(self, task_id: str) -> bool:
+        return task_id in self.resolved
+
+    def held_tasks(self) -> set[str]:
+        return set(self.held)
+
+
 def test_feeder_ids_order_backpressure_and_resume(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     ids = [f"inst-{i}" for i in range(5)]
     f = Feeder(ids, epochs=2, seed=7, group_size=4, max_outstanding=3)
-    assert f.top_up(spool, tasks_resolved=0, policy_version=0) == 3
-    assert f.top_up(spool, tasks_resolved=0, policy_version=0) == 0  # 3 outstanding: full
-    assert f.top_up(spool, tasks_resolved=2, policy_version=1) == 2
+    c = _Resolved()
+    assert f.top_up(spool, c, policy_version=0) == 3
+    assert f.top_up(spool, c, policy_version=0) == 0  # 3 outstanding: full
+    c.resolved |= set(list(f.outstanding)[:2])
+    assert f.top_up(spool, c, policy_version=1) == 2
     order0 = epoch_order(ids, 7, 0)
     assert f.task_at(0, 0)["task_id"] == f"{order0[0]}@e0"
     assert f.task_at(5, 0)["task_id"] == f"{epoch_order(ids, 7, 1)[0]}@e1"
@@ -31,11 +47,15 @@ def test_feeder_ids_order_backpressure_and_resume(tmp_path: Path) -> None:
     assert f.task_at(3, 9)["policy_version"] == 9 and f.task_at(3, 9)["group_size"] == 4
     # resume from a checkpoint taken at position 2: re-putting positions 2..4 is a no-op in the spool
     g = Feeder(ids, epochs=2, seed=7, group_size=4, max_outstanding=10)
-    g.restore({"next_position": 2})
+    g.restore({"next_position": 2, "outstanding": []})
     before = spool.stats()["tasks_ready"]
-    g.top_up(spool, tasks_resolved=2, policy_version=3)
+    g.top_up(spool, c, policy_version=3)
     assert spool.stats()["tasks_ready"] == before + (10 - 5)
-    assert g.exhausted
+    assert g.exhausted and not g.finished
+    saved = g.to_json()
+    h = Feeder(ids, epochs=2, seed=7, group_size=4, max_outstanding=10)
+    h.restore(json.loads(json.dumps(saved)))
+    assert h.outstanding == g.outstanding and h.next_position == 10
 
 
 def test_consumer_outcomes_and_restart_skip(tmp_path: Path) -> None:

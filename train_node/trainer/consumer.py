@@ -17,9 +17,10 @@ Guarantees (exactly-once accounting):
   checkpoint and are committed after it. Rows of a shard not yet covered whose outcome is already
   decided are remembered per shard (``resolved``, saved in the checkpoint), so when the shard comes
   back after a crash those rows are skipped instead of being counted twice.
-- A task id is trained at most once in the lineage: the set of trained task ids is part of the
-  checkpoint; tasks in a batch not yet trained are held separately (``inflight``) and are not saved.
-- Deterministic: shards are claimed oldest first and groups leave the buffer in arrival order.
+- A task id is trained at most once in the lineage: the sets of trained and of dropped task ids
+  (the feeder's resolutions, :meth:`Consumer.is_resolved`) are part of the checkpoint; tasks in a batch not yet trained are held separately (``inflight``) and are not saved.
+- Deterministic: shards are claimed in arrival order (:mod:`hpc.arrival`) and groups leave the
+  buffer in arrival order.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class ConsumerState:
     """What the checkpoint keeps of the consumer."""
 
     trained_tasks: set[str] = field(default_factory=set)
+    dropped_tasks: set[str] = field(default_factory=set)  # groups dropped as a whole (the feeder's resolutions)
     resolved: dict[str, set[str]] = field(default_factory=dict)  # shard id -> trajectory ids with an outcome
     tasks_resolved: int = 0  # groups trained or dropped as a whole (the feeder's backpressure)
     # policy versions [lo, hi] published by steps a resume discarded: their samples are not this lineage's
@@ -73,12 +75,14 @@ class ConsumerState:
 
     def to_json(self) -> dict[str, Any]:
         return {"trained_tasks": sorted(self.trained_tasks), "tasks_resolved": self.tasks_resolved,
+                "dropped_tasks": sorted(self.dropped_tasks),
                 "resolved": {k: sorted(v) for k, v in sorted(self.resolved.items())},
                 "discarded_versions": [list(r) for r in self.discarded_versions]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConsumerState:
         return cls(trained_tasks=set(data.get("trained_tasks", [])), tasks_resolved=int(data.get("tasks_resolved", 0)),
+                   dropped_tasks=set(data.get("dropped_tasks", [])),
                    resolved={k: set(v) for k, v in data.get("resolved", {}).items()},
                    discarded_versions=[(int(lo), int(hi)) for lo, hi in data.get("discarded_versions", [])])
 
@@ -198,7 +202,7 @@ class Consumer:
         """Drop what must not be trained; returns the kept members with advantages, or None."""
         task_id = members[0][1].task_id
         if task_id in self.state.trained_tasks or task_id in self.inflight:
-            self._drop_group(members, "duplicate_task")
+            self._drop_group(members, "duplicate_task", task_id)
             return None
         kept = []
         for sid, t in members:
@@ -209,17 +213,17 @@ class Consumer:
                 kept.append((sid, t))
         reason = self._group_drop_reason([t for _, t in kept], version)
         if reason:
-            self._drop_group(kept, reason)
+            self._drop_group(kept, reason, task_id)
             return None
         if len(kept) < 2 and self.acfg.group_size > 1:
-            self._drop_group(kept, "singleton")
+            self._drop_group(kept, "singleton", task_id)
             return None
         rewards = [float(t.reward or 0.0) for _, t in kept]
         if self.acfg.drop_zero_variance and max(rewards) == min(rewards):
-            self._drop_group(kept, "zero_variance")
+            self._drop_group(kept, "zero_variance", task_id)
             return None
         if all(self._masked(t) for _, t in kept):
-            self._drop_group(kept, "all_masked")
+            self._drop_group(kept, "all_masked", task_id)
             return None
         self.inflight.add(task_id)
         adv = group_advantages(rewards, self.acfg.advantage_norm)
@@ -242,9 +246,10 @@ class Consumer:
         return (t.status == Status.TRUNCATED and self.acfg.truncated == "mask") or \
             (t.status == Status.TIMEOUT and self.acfg.timeout == "mask")
 
-    def _drop_group(self, members: list[tuple[str, Trajectory]], reason: str) -> None:
+    def _drop_group(self, members: list[tuple[str, Trajectory]], reason: str, task_id: str) -> None:
         self._drop_all(members, reason)
         self.state.tasks_resolved += 1
+        self.state.dropped_tasks.add(task_id)
 
     def _sample_drop_reason(self, t: Trajectory) -> str:
         if not t.status.trainable:
@@ -292,8 +297,16 @@ class Consumer:
         keys = [k for k in self.groups if not self._complete(k)]
         for key in keys:
             self.group_done.pop(key, None)
-            self._drop_group(self.groups.pop(key), "incomplete_group")
+            self._drop_group(self.groups.pop(key), "incomplete_group", key[0])
         return len(keys)
+
+    def is_resolved(self, task_id: str) -> bool:
+        """The task's group was trained or dropped as a whole in this lineage."""
+        return task_id in self.state.trained_tasks or task_id in self.state.dropped_tasks
+
+    def held_tasks(self) -> set[str]:
+        """Tasks with rows buffered here, or staged / in a batch not yet marked trained."""
+        return {key[0] for key in self.groups} | self.inflight
 
     def has_delta(self) -> bool:
         """Outcomes or covered shards not yet in a checkpoint."""

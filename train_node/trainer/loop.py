@@ -156,7 +156,7 @@ class Trainer:
         if not self.opt.instance_ids:
             return None
         f = Feeder(list(self.opt.instance_ids), self.cfg.tasks.epochs, self.cfg.tasks.shuffle_seed,
-                   self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding)
+                   self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding, consumer_id=CONSUMER_ID)
         if meta:
             f.restore(meta["trainer_state"].get("feeder", {}))
         return f
@@ -216,7 +216,9 @@ class Trainer:
             return {"cmd": "stop", "reason": reason, "checkpoint": final}
         if self.feeder is not None:
             with self.consumer.lock:
-                self.feeder.top_up(self.spool, self.consumer.state.tasks_resolved, self.publisher.version)
+                self.feeder.top_up(self.spool, self.consumer, self.publisher.version)
+            for event in self.feeder.take_events():
+                self.metrics.log(event.pop("event"), step=self.step, **event)
         batch, waited = self.source.get(self.opt.idle_timeout_s)
         self.counters.idle_s += waited
         if batch is None:
@@ -231,8 +233,7 @@ class Trainer:
             return f"signal:{self.stop.signal_name}"
         if self.step >= self.cfg.trainer.total_steps:
             return "total_steps"
-        if self.feeder is not None and self.feeder.exhausted and \
-                self.consumer.state.tasks_resolved >= self.feeder.total:
+        if self.feeder is not None and self.feeder.finished:
             return "dataset_done"
         if self._draining() and self._drained():
             return "drained"
