@@ -13,6 +13,16 @@ same), ``hang`` (one command that never returns, cut by the tool timeout, then g
 (sleeps until the episode is stopped: RUN timeout, cancellation, drain), ``crash`` (the sandbox's
 processes are killed under the agent), ``inference_error`` (the "LLM" fails).
 
+Agent-caused faults (issue 13), run through the REAL agent loop with canned completions
+(:mod:`rollout_node.pipeline.agentscript`): ``unreadable`` (tracked files and a directory
+chmod 000), ``fifo`` (FIFOs and a socket over tracked files), ``rm_control`` (the sandbox's
+``.spoolrl`` control directory removed, then the shell killed), ``kill_pytool`` (the python
+tool's server killed, then patched to answer garbage and deep nesting), ``forge_marker`` (forged
+shell completion markers), ``kill_shell`` (the agent kills its own shell, all its processes,
+exits), ``bad_json`` (tool calls with NaN/Infinity, huge and negative numbers, deep nesting,
+broken JSON), and ``peek`` (asks git what history it can see; the ids in the spool task's
+``peek_objects`` are probed for readability). Each then submits.
+
 Token record (synthetic, documented as such): prompt = the UTF-8 bytes of the problem statement
 (+3, so 0..2 stay free), each tool call = the bytes of its command as *generated* tokens with
 logprob -0.5 (``logprob_kind`` "synthetic": the trainer refuses them) and the policy version current at that call, each observation = the bytes of the
@@ -28,10 +38,11 @@ import time
 
 from hpc.errors import InferenceError, SandboxError, UsageError
 from hpc.trajectory import Status
+from rollout_node.pipeline.agentscript import SCRIPTS, peek_script, run_script
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput
 
 ACTIONS = ("gold", "empty", "tamper_test", "tamper_conftest", "tamper_pth", "hang", "slow", "crash",
-           "inference_error")
+           "inference_error", *SCRIPTS, "peek")
 _MAX_PIECE = 256
 _CONFTEST = '''import pytest
 
@@ -83,6 +94,12 @@ class ScriptedPolicy:
 
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         action = action_for(self.plan, ctx.task_id, ctx.attempt)
+        if action in SCRIPTS or action == "peek":
+            script = SCRIPTS.get(action) or peek_script([str(o) for o in ctx.task_dict.get("peek_objects", [])])
+            out = run_script(ctx, script)
+            out.metrics["scripted_action"] = action
+            out.sampling["scripted"] = action
+            return out
         ctx.transcript.add_context(_ids(getattr(ctx.task, "problem_statement", "") or ctx.task_id) or [3])
         status = getattr(self, f"_do_{action}")(ctx)
         return EpisodeOutput(status=status, metrics={"scripted_action": action},

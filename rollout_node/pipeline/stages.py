@@ -5,10 +5,18 @@ a sandbox), EVAL (tests -> reward). The thread pools, queues and bookkeeping liv
 Guarantees: a stage never raises for an episode's failure: it returns a :class:`Fault` (the row
 of the fault table) or None; the sandbox of a RUN is closed and its work dir removed whatever
 happens; stage time is measured inside the stage (``Episode.enter``/``leave``).
+
+Agent-caused faults (issue 13) never become infrastructure faults: a work tree the harness cannot
+diff because of its own state (:class:`~rollout_node.tasks.repos.UnscorableTree`), and a sandbox
+that died while the tree holds what the agent made of it (:func:`~rollout_node.tasks.repos.tree_problems`),
+end the episode with its own status and ``metrics["unscorable"]`` naming why; EVAL then does not run
+and the reward is 0 (``eval_status`` ``unscorable``). Nothing of it is retried.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -21,6 +29,7 @@ from rollout_node.pipeline.bindings import EvalOutcome, TaskOps
 from rollout_node.pipeline.episode import Episode
 from rollout_node.pipeline.faults import Fault, classify_run_error
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Policy
+from rollout_node.tasks.repos import UnscorableTree, tree_problems
 
 _STATUS_FAULTS = {Status.SANDBOX_ERROR: Fault.SANDBOX_CRASH, Status.INFERENCE_ERROR: Fault.INFERENCE_ERROR,
                   Status.NODE_ERROR: Fault.PIPELINE_BUG, Status.HARNESS_ERROR: Fault.PIPELINE_BUG}
@@ -34,8 +43,19 @@ class StageResult:
 
 
 def remove_workdir(ep: Episode) -> None:
-    if ep.workdir is not None:
-        shutil.rmtree(ep.workdir, ignore_errors=True)
+    """Remove the work dir, also where the agent took its owner's permissions away (chmod 000)."""
+    if ep.workdir is None:
+        return
+    root = ep.workdir
+    if root.is_dir() and not root.is_symlink():
+        with contextlib.suppress(OSError):
+            root.chmod(0o700)
+        for dirpath, dirnames, _ in os.walk(root):  # top-down: a directory is opened after its chmod
+            for path in (os.path.join(dirpath, name) for name in dirnames):
+                if not os.path.islink(path):  # (a link's target may lie outside the work dir)
+                    with contextlib.suppress(OSError):
+                        os.chmod(path, 0o700)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 class Stages:
@@ -99,27 +119,52 @@ class Stages:
             return StageResult()
         if reason is not None:
             return StageResult(_ABORT_FAULTS.get(reason, Fault.TASK_CANCELLED), f"aborted: {reason}")
+        fault: Fault | None
         if error is not None:
-            return StageResult(classify_run_error(error), f"{type(error).__name__}: {error}")
-        assert ep.output is not None, "a policy returns an EpisodeOutput or raises"
-        fault = _STATUS_FAULTS.get(ep.output.status)
+            fault, why = classify_run_error(error), f"{type(error).__name__}: {error}"
+        else:
+            assert ep.output is not None, "a policy returns an EpisodeOutput or raises"
+            fault = _STATUS_FAULTS.get(ep.output.status)
+            why = str(ep.output.metrics.get("error", ep.output.status.value))
+        if fault == Fault.SANDBOX_CRASH and self._agent_broke_it(ep, why):
+            return StageResult()
         if fault is not None:
-            return StageResult(fault, str(ep.output.metrics.get("error", ep.output.status.value)))
+            return StageResult(fault, why)
+        assert ep.output is not None
         if ep.output.status == Status.CANCELLED:
             return StageResult(Fault.TASK_CANCELLED, "the policy cancelled the episode")
         return StageResult()
+
+    def _agent_broke_it(self, ep: Episode, why: str) -> bool:
+        """A sandbox that died while the tree holds undiffable entries the agent made: its outcome."""
+        problems = tree_problems(ep.workdir) if ep.workdir is not None else []
+        if not problems:
+            return False
+        ep.metrics["unscorable"] = f"the sandbox failed ({why[:300]}) on a tree the agent broke: {'; '.join(problems)}"
+        out = ep.output
+        ep.output = EpisodeOutput(status=Status.OK, metrics=out.metrics if out else {},
+                                  sampling=out.sampling if out else {}, logprob_kind=out.logprob_kind if out else "unknown")
+        return True
 
     def _collect_diff(self, ep: Episode) -> StageResult:
         assert ep.workdir is not None
         try:
             ep.diff = self.ops.collect_diff(ep.group.task, ep.workdir)
-        except Exception as exc:  # noqa: BLE001 - a work dir we cannot diff is an infrastructure fault
+        except UnscorableTree as exc:  # the tree's own state: the agent's outcome, reward 0, no retry
+            ep.diff = ""
+            ep.metrics.setdefault("unscorable", str(exc)[:2000])
+            return StageResult()
+        except Exception as exc:  # noqa: BLE001 - otherwise a work dir we cannot diff is an infrastructure fault
             return StageResult(Fault.SANDBOX_CRASH, f"collecting the diff failed: {type(exc).__name__}: {exc}")
         ep.metrics["diff_bytes"] = len(ep.diff)
         return StageResult()
 
     def evaluate(self, ep: Episode, may_retry: Callable[[], bool]) -> EvalOutcome:
-        """Tests -> reward; a harness failure is retried (same diff) while ``may_retry()`` allows."""
+        """Tests -> reward; a harness failure is retried (same diff) while ``may_retry()`` allows.
+        An unscorable episode (see the module docstring) is not evaluated: reward 0."""
+        if ep.metrics.get("unscorable"):
+            ep.metrics["eval_tries"] = 0
+            return EvalOutcome(0.0, Status.OK, {"eval_status": "unscorable"})
         tries = 0
         while True:
             t0 = time.monotonic()

@@ -13,6 +13,12 @@ Guarantees:
 - :meth:`PyChannel.call` never raises for what the code does: timeouts (the server interrupts
   the code; if it does not answer within a grace period the node SIGKILLs it), crashes and
   kills of the server become results.
+- Nothing the agent does to the tool makes the node raise (issue 13: the agent's outcome, never an
+  infrastructure fault): a server patched or replaced from inside may answer anything (wrong
+  types, deep nesting, NaN, huge numbers, garbage, oversized frames): its reply is coerced to a
+  result or reported as a dead interpreter; a control directory removed, moved or made
+  inaccessible from inside makes the tool unavailable for the rest of the episode (each call says
+  so) while the shell goes on. Only a failure the agent cannot cause raises SandboxError.
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpc.errors import SandboxError
 from rollout_node.sandbox.result import ToolResult, error_result
 
 START_TIMEOUT_S = 20.0   # python start inside a sandbox on a loaded node
 GRACE_S = 3.0            # after the server-side timeout, how long to wait before SIGKILL
 MAX_FRAME = 64 * 2**20
+MAX_REPLY_DEPTH = 32     # a reply nested deeper is garbage (json would recurse on the node)
+MAX_EXIT_CODE = 2**31
 SERVER_SOURCE = (Path(__file__).with_name("pyserver.py")).read_text()
 
 
@@ -49,10 +58,26 @@ class PyChannel:
         self.server_pid = 0
         self.starts = 0
         self._lost = ""
+        self.unavailable = ""  # why the tool is off for the rest of the episode (control dir tampered with)
 
     def setup(self) -> None:
-        """(Re)create the FIFO and the listening socket; called before each sandbox (re)start."""
+        """(Re)create the FIFO and the listening socket; called before each sandbox (re)start.
+
+        A control directory the agent removed or made unusable turns the tool off (``unavailable``)
+        instead of raising; any other failure raises SandboxError."""
         self.teardown()
+        if self.unavailable:
+            return
+        try:
+            self._create_endpoints()
+        except OSError as exc:
+            self.teardown()
+            why = ctl_tampered(self.ctl_fd)
+            if not why:
+                raise SandboxError(f"python tool: cannot create its control files: {exc}") from exc
+            self.unavailable = f"{why} from inside the sandbox, so the python tool is off for this episode"
+
+    def _create_endpoints(self) -> None:
         for name in ("py.ctl", "py.sock"):
             try:
                 os.unlink(name, dir_fd=self.ctl_fd)
@@ -90,6 +115,8 @@ class PyChannel:
     def call(self, code: str, timeout_s: float) -> ToolResult:
         t0 = time.monotonic()
         note = ""
+        if self.unavailable:
+            return error_result(f"python tool unavailable: {self.unavailable}", 0.0)
         if self.conn is None:
             note = self._lost
             self._lost = ""
@@ -106,7 +133,7 @@ class PyChannel:
             return self._result({"output": "", "exit_code": None, "timed_out": True}, t0,
                                 "the code did not stop after its timeout: the interpreter was killed "
                                 "and will restart on the next call (state lost)")
-        except (OSError, ValueError, EOFError):
+        except (OSError, ValueError, EOFError, RecursionError):
             self._drop("")
             return self._result({"output": "", "exit_code": None}, t0,
                                 "the python interpreter died (killed or crashed); it restarts on the next "
@@ -114,14 +141,17 @@ class PyChannel:
         return self._result(reply, t0, note)
 
     def _result(self, reply: dict, t0: float, note: str) -> ToolResult:
-        text = str(reply.get("output", ""))
+        """The reply as a result, whatever its fields hold (a patched server may send anything)."""
+        out = reply.get("output", "")
+        text = out if isinstance(out, str) else ""
+        text = text[-2 * self.keep:] if len(text) > 2 * self.keep else text
         if note:
             text += ("" if not text or text.endswith("\n") else "\n") + f"[spoolrl: {note}]\n"
-        code = reply.get("exit_code")
-        return ToolResult(output=text, exit_code=code if isinstance(code, int) else None,
-                          timed_out=bool(reply.get("timed_out")), truncated=bool(reply.get("truncated")),
+        code, total = reply.get("exit_code"), reply.get("total_bytes")
+        return ToolResult(output=text, exit_code=_small_int(code, MAX_EXIT_CODE),
+                          timed_out=reply.get("timed_out") is True, truncated=reply.get("truncated") is True,
                           duration_s=round(time.monotonic() - t0, 6),
-                          total_bytes=int(reply.get("total_bytes", len(text.encode()))))
+                          total_bytes=_small_int(total, MAX_FRAME) or len(text.encode()))
 
     def _start(self) -> str:
         if self.listener is None or self.fifo_fd is None:
@@ -181,7 +211,10 @@ class PyChannel:
         size = struct.unpack(">I", header)[0]
         if size > MAX_FRAME:
             raise ValueError(f"frame of {size} bytes")
-        reply = json.loads(self._recv_exact(size, deadline))
+        body = self._recv_exact(size, deadline)
+        if _nesting(body) > MAX_REPLY_DEPTH:
+            raise ValueError("reply nested too deeply")
+        reply = json.loads(body)
         if not isinstance(reply, dict):
             raise ValueError("not an object")
         return reply
@@ -199,3 +232,35 @@ class PyChannel:
                 raise EOFError
             buf += chunk
         return bytes(buf)
+
+
+def _small_int(value: object, bound: int) -> int | None:
+    """``value`` if it is an int (not a bool) within +-``bound``, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -bound <= value <= bound:
+        return value
+    return None
+
+
+def _nesting(body: bytes) -> int:
+    """An upper bound of the JSON nesting of ``body`` (brackets inside strings count too: fine for a bound)."""
+    depth = deepest = 0
+    for ch in body.translate(None, _NOT_BRACKETS):
+        depth += 1 if ch in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def ctl_tampered(ctl_fd: int) -> str:
+    """Why the control directory behind ``ctl_fd`` is no longer usable by the node ('' if it is)."""
+    try:
+        st = os.fstat(ctl_fd)
+    except OSError:
+        return ""
+    if st.st_nlink == 0:
+        return "the control directory /work/.spoolrl was removed"
+    if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+        return "the control directory /work/.spoolrl was made inaccessible"
+    return ""

@@ -14,6 +14,12 @@ Guarantees:
 - :func:`collect_diff` never trusts the work dir's ``.git`` (the agent controls it: hooks, filter
   drivers and fsmonitor commands there could run on the host). It diffs the work tree against
   ``base_commit`` with a fresh, harness-owned git directory whose objects come from the mirror.
+  When git cannot diff the tree, :func:`collect_diff` tells the agent's doing from the node's: it
+  raises :class:`UnscorableTree` (the agent's outcome: reward 0, no retry) when the tree holds
+  entries the agent made undiffable (:func:`tree_problems`: FIFOs, sockets, devices, entries
+  without owner read/search permission, nested repositories) or when the same harness diffs a
+  pristine checkout of ``base_commit`` fine (so the tree's state is the cause); otherwise
+  (mirror, disk, git broken for a pristine tree too) the SpoolrlError stands: infrastructure.
 - Every git call runs with system and global config disabled and hooks off.
 """
 
@@ -23,6 +29,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -39,6 +46,13 @@ BASE_MESSAGE = "Import {name}\n"
 # Noise that never belongs in an agent's diff: bytecode, caches, editor and packaging droppings.
 JUNK_PATTERNS = ("__pycache__/", "*.pyc", "*.pyo", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/",
                  "*.egg-info/", ".coverage", ".eggs/", "*.orig", "*.rej", ".spoolrl/")
+
+
+MAX_PROBLEMS = 8
+
+
+class UnscorableTree(SpoolrlError):
+    """The work tree's own state (the agent's doing) keeps git from diffing it: reward 0, no retry."""
 
 
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -213,9 +227,22 @@ def collect_diff(workdir: Path, task: TaskInstance, repo_cache: Path) -> str:
 
     Includes modified, deleted and new untracked files (committed or not); excludes junk
     (:data:`JUNK_PATTERNS`) and the work dir's own ``.git``. Reads nothing from that ``.git``.
+    Raises :class:`UnscorableTree` when the tree's state is why it cannot be diffed (see the module
+    docstring), SpoolrlError for any other failure.
     """
-    base_commit = task.base_commit
     mirror = find_mirror(repo_cache, task.repo)
+    try:
+        return _diff_tree(workdir, mirror, task.base_commit)
+    except SpoolrlError as exc:
+        problems = tree_problems(workdir)
+        if problems:
+            raise UnscorableTree(f"the work tree cannot be diffed: {'; '.join(problems)} ({exc})") from exc
+        if _pristine_diffs(mirror, task.base_commit):
+            raise UnscorableTree(f"the work tree cannot be diffed (a pristine checkout can): {exc}") from exc
+        raise
+
+
+def _diff_tree(workdir: Path, mirror: Path, base_commit: str) -> str:
     with tempfile.TemporaryDirectory(prefix="spoolrl-diff-") as tmp:
         git_dir = harness_git_dir(Path(tmp), mirror, base_commit)
         tree: list[str | os.PathLike[str]] = ["--git-dir", git_dir, "--work-tree", workdir.absolute()]
@@ -225,3 +252,64 @@ def collect_diff(workdir: Path, task: TaskInstance, repo_cache: Path) -> str:
         proc = run_git([*tree, "diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "--no-color",
                         "--no-renames", base_commit], env=index, cwd=workdir)
     return proc.stdout.decode("utf-8", errors="surrogateescape")
+
+
+def _pristine_diffs(mirror: Path, base_commit: str) -> bool:
+    """The control experiment: does the harness diff a fresh checkout of ``base_commit`` (to nothing)?"""
+    try:
+        with tempfile.TemporaryDirectory(prefix="spoolrl-control-") as tmp:
+            git_dir = harness_git_dir(Path(tmp), mirror, base_commit)
+            tree = Path(tmp) / "tree"
+            tree.mkdir()
+            run_git(["--git-dir", git_dir, "--work-tree", tree, "checkout", "-q", "-f", base_commit, "--", "."],
+                    env={"GIT_INDEX_FILE": str(Path(tmp) / "index")}, cwd=tree)
+            return _diff_tree(tree, mirror, base_commit) == ""
+    except (SpoolrlError, OSError):
+        return False
+
+
+def tree_problems(workdir: Path) -> list[str]:
+    """Entries of the tree (its own ``.git`` aside) that git cannot diff, as made by the agent: FIFOs,
+    sockets and devices, files without owner read permission, directories without owner read+search
+    permission (or that cannot be listed), nested git repositories; at most :data:`MAX_PROBLEMS`."""
+    found: list[str] = []
+    root = workdir.absolute()
+    try:
+        if stat.S_IMODE(root.lstat().st_mode) & 0o700 != 0o700:
+            found.append(". (the work dir) lacks owner rwx")
+    except OSError:
+        return []  # no work dir (or none we can see): nothing the agent made
+
+    def unlistable(err: OSError) -> None:
+        found.append(f"{Path(err.filename or '?').relative_to(root) if err.filename else '?'}: cannot be listed")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable):  # does not follow symlinks
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+        elif ".git" in dirnames or ".git" in filenames:
+            found.append(f"{here.relative_to(root)}: a nested git repository")
+        for name in dirnames + filenames:
+            why = _entry_problem(here / name)
+            if why:
+                found.append(f"{(here / name).relative_to(root)}: {why}")
+        if len(found) >= MAX_PROBLEMS:
+            break
+    return found[:MAX_PROBLEMS]
+
+
+def _entry_problem(path: Path) -> str:
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return exc.strerror or "cannot be read"
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "" if stat.S_IMODE(mode) & 0o500 == 0o500 else "a directory without owner read/search permission"
+    if stat.S_ISREG(mode):
+        return "" if mode & stat.S_IRUSR else "a file without owner read permission"
+    kind = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device"}.get(stat.S_IFMT(mode), "not a regular file")
+    return f"{kind} (git diffs only regular files and symlinks)"
