@@ -20,11 +20,21 @@ task cancelled                none                                   cancelled  
 pipeline bug (exception)      max_retries; sample restarts at INIT   node_error                  excluded
 drain (signal / STOP)         none; in flight at the deadline        task released to the spool  (no trajectory)
 node restart (SIGKILL)        the lease expires, any node reclaims   as the rerun ends           as the rerun
+undiffable work tree          none; not evaluated: reward 0,         ok                          trainable
+                              metrics ``unscorable``
+sandbox fails on broken tree  none; not evaluated: reward 0,         ok                          trainable
+                              metrics ``unscorable``
+agent kills shell / server    none: restarted, the agent is told     ok / truncated              trainable
+control files tampered        none: the python tool is off, each     ok / truncated              trainable
+                              call says so
+bad tool call / forged mark   none: an error observation; a forged   ok / truncated              trainable
+                              marker is output
 ============================  =====================================  ==========================  ===============
 
 Details:
 - *sandbox crash*: ``open_sandbox`` fails or the sandbox dies under the agent
-  (:class:`~hpc.errors.SandboxError`). *INIT failure*: the image or the repository at base commit
+  (:class:`~hpc.errors.SandboxError`) while the work tree holds nothing the agent made undiffable
+  (else it is the *sandbox fails on broken tree* row). *INIT failure*: the image or the repository at base commit
   cannot be prepared, or INIT ran past ``init_timeout_s`` (a hung checkout is killed at that limit).
 - *tool hang*: one command past ``sandbox.command_timeout_s`` is a tool result, not a fault
   (STYLE.md 9). Only the whole episode running past ``run_timeout_s`` (time inside RUN, not queued,
@@ -39,6 +49,21 @@ Details:
   status ``cancelled`` so that the task is accounted for, and its sandboxes are closed.
 - *drain*: SIGUSR1 (Slurm's warning), SIGTERM, SIGINT or ``RUN/control/STOP``: no new claims;
   groups still in flight ``drain_timeout_s`` later are cancelled and ``release_task``-ed.
+- Agent-caused faults (issue 13) are the agent's outcome, never retried: whatever stems from the work
+  tree's state or a tool call's content. *undiffable work tree*: ``collect_diff`` fails and the tree
+  holds FIFOs/sockets/devices, entries without owner read/search permission or nested repositories,
+  or the harness diffs a pristine checkout of ``base_commit`` fine (so the tree is the cause)
+  (:class:`~rollout_node.tasks.repos.UnscorableTree`); if a pristine checkout fails too (mirror,
+  node disk) it is a *sandbox crash*. *sandbox fails on broken tree*: a RUN sandbox fault while
+  :func:`~rollout_node.tasks.repos.tree_problems` finds such entries. *agent kills shell / server*:
+  ``kill -9 $$``, ``exit``, ``kill -9 -1``, the python server killed or patched to answer garbage
+  (its reply is coerced or it counts as dead). *control files tampered*: ``/work/.spoolrl`` removed
+  or made inaccessible. *bad tool call / forged mark*: NaN/Infinity, huge or negative numbers, deep
+  nesting, broken JSON (``parse_tool_call`` returns a ParseError the loop shows); a completion marker
+  printed by the agent ends that call early (later results lag; its own problem) and one with a
+  status over 3 digits is plain output. An agent therefore cannot turn failing tests into a re-roll:
+  every way it has to break RUN ends trainable with reward 0. Faults outside its reach stay
+  infrastructure: node disk, image, inference server, harness bugs.
 - *node restart*: nothing is written for a task before its whole group is done, so a killed node
   leaves only an expired lease; the spool hands the task out again and deduplication by task id
   absorbs the rare second group of a task whose first group was written just before the kill.
