@@ -9,8 +9,14 @@ processes a Slurm job would start. Guarantees:
 - Progress while it runs: a refreshing line on a terminal, else one JSON line at least every 10 s.
 - Ctrl-C stops the roles (the trainer checkpoints on SIGTERM); ``spoolrl demo --resume RUN``
   continues the same run from its checkpoint and spool.
-A tiny random model cannot fix bugs, so rewards stay near 0: the demo shows the machinery (tokens,
-sandboxes, tests, spool, DeepSpeed steps, live policy reloads), not learning.
+- It learns: by default it trains on the learnable built-in family (``tasks.source: builtin-pick``:
+  write the one of 4 values the statement names) from the tiny model warm-started on format-only
+  episodes (:mod:`hpc.demo_model`: well-formed calls, reward ~1/4 before RL), sampling at
+  temperature 0.7 with a live policy reload after every step; the reward rises to >= 0.8 within
+  the default steps. ``model.path=tiny`` gives the random model, ``tasks.source=builtin`` the
+  bug fixes (reward stays 0: that shows the machinery, not learning).
+- The reward of every trainer step is printed as it lands (a line on a terminal, a JSON line
+  otherwise), and the summary compares the first steps with the last ones.
 """
 
 from __future__ import annotations
@@ -28,22 +34,26 @@ from hpc.errors import SandboxError, SpoolrlError, UsageError
 from hpc.paths import RunPaths
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
+# model.path is filled in by demo_config: the warm-started tiny model of hpc.demo_model (unless overridden).
 DEMO_OVERRIDES = (
     "run.name=demo",
-    "model.path=tiny",
-    "trainer.precision=fp32", "trainer.zero_stage=0", "trainer.lr=1e-4", "trainer.checkpoint_every=2",
-    "trainer.micro_batch_tokens=4096", "trainer.max_tasks_outstanding=4",
+    "tasks.source=builtin-pick", "tasks.epochs=1000",
+    "trainer.precision=fp32", "trainer.zero_stage=0", "trainer.lr=2e-4", "trainer.checkpoint_every=5",
+    "trainer.micro_batch_tokens=8192", "trainer.max_tasks_outstanding=6", "trainer.publish_every=1",
     "slurm.train.gpus_per_node=0", "slurm.infer.gpus_per_node=0",
-    "algorithm.group_size=2", "algorithm.groups_per_step=2", "algorithm.drop_zero_variance=false",
-    "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=48", "rollout.max_tokens=1536",
-    "rollout.run_workers=4", "rollout.eval_workers=1", "rollout.init_workers=1",
-    "inference.interface=lo",
+    "algorithm.group_size=8", "algorithm.groups_per_step=2", "algorithm.drop_zero_variance=false",
+    "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=72", "rollout.max_tokens=1024",
+    "rollout.observation_max_tokens=128",
+    "rollout.run_workers=8", "rollout.eval_workers=2", "rollout.init_workers=2",
+    "inference.interface=lo", "inference.temperature=0.7",
     "spool.shard_max_age_s=2.0", "spool.poll_interval_s=1.0",
     # a role killed without its drain (kill -9, a closed laptop) holds claims only this long
     "spool.lease_s=30", "spool.heartbeat_interval_s=5",
 )
 ROLES = ("infer-node", "rollout-node", "train-node")
 JSON_EVERY_S = 5.0
+DEFAULT_STEPS = 30
+FIRST_STEPS, LAST_STEPS = 3, 5  # the summary's first-vs-last reward
 
 
 @dataclass
@@ -62,7 +72,20 @@ class RoleJobs:
 
 
 def demo_config(steps: int, overrides: list[str]) -> RunConfig:
-    return load_config(None, [*DEMO_OVERRIDES, f"trainer.total_steps={steps}", *overrides])
+    """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model."""
+    base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
+    config = load_config(None, [*base, *overrides])
+    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
+        from hpc.cli_util import warn_unchecked_model
+
+        warn_unchecked_model(config)  # an unsupported chat template stops the demo before anything starts
+        return config
+    from hpc.demo_model import warm_model
+
+    t0 = time.monotonic()
+    model = warm_model(seed=config.run.seed)
+    print(f"spoolrl demo: warm-started tiny model {model} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    return load_config(None, [*base, f"model.path={model}", *overrides])
 
 
 def check_sandbox(config: RunConfig) -> None:
@@ -133,15 +156,51 @@ def _fmt(p: dict[str, Any], total: int, elapsed: float) -> str:
             f"episodes {p['episodes']}  stages {json.dumps(p['stages'], separators=(',', ':'))}")
 
 
+def step_rewards(paths: RunPaths) -> list[tuple[int, float]]:
+    """(step, mean reward) of every trainer step so far, in step order (the last record of a step wins)."""
+    from hpc.metrics import read_metrics
+
+    by_step = {int(r["step"]): float(r["reward_mean"]) for r in read_metrics(paths.root, "train_step")
+               if r.get("reward_mean") is not None}
+    return sorted(by_step.items())
+
+
+def reward_summary(rewards: list[tuple[int, float]]) -> dict[str, Any]:
+    """Mean reward of the first and of the last steps (what 'it learned' means in the summary)."""
+    values = [r for _, r in rewards]
+    if not values:
+        return {"reward_first": None, "reward_last": None}
+    first, last = values[:FIRST_STEPS], values[-LAST_STEPS:]
+    return {"reward_first": round(sum(first) / len(first), 3), "reward_last": round(sum(last) / len(last), 3),
+            "reward_first_steps": len(first), "reward_last_steps": len(last)}
+
+
+def _report_steps(paths: RunPaths, shown: int, out: TextIO, tty: bool, elapsed: float) -> int:
+    """Print the trainer steps that landed since ``shown``; returns the last step shown."""
+    for step, reward in step_rewards(paths):
+        if step <= shown:
+            continue
+        if tty:
+            out.write("\r" + f"[{elapsed:5.0f}s] step {step}: reward {reward:.2f}  " + "#" * round(reward * 40)
+                      + " " * 60 + "\n")
+        else:
+            out.write(json.dumps({"demo": "step", "elapsed_s": round(elapsed, 1), "step": step,
+                                  "reward_mean": reward}) + "\n")
+        shown = step
+    return shown
+
+
 def monitor(paths: RunPaths, jobs: RoleJobs, total: int, out: TextIO) -> str:
     """Show progress until the trainer finishes or a role dies; returns why it stopped."""
     t0 = time.monotonic()
     last_json = 0.0
+    shown = 0
     tty = out.isatty()
     while True:
         time.sleep(1.0)
         p = progress(paths)
         elapsed = time.monotonic() - t0
+        shown = _report_steps(paths, shown, out, tty, elapsed)
         if tty:
             out.write("\r" + _fmt(p, total, elapsed)[:160].ljust(160))
         elif elapsed - last_json >= JSON_EVERY_S:
@@ -201,8 +260,8 @@ def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -
 
     status = run_status(paths.root)
     return {"demo": "summary", "run": str(paths.root), "why": why, "elapsed_s": round(elapsed, 1),
-            **progress(paths), "spool": status.get("spool"), "trainer": status.get("trainer"),
-            "role_errors": errors}
+            **progress(paths), **reward_summary(step_rewards(paths)), "spool": status.get("spool"),
+            "trainer": status.get("trainer"), "role_errors": errors}
 
 
 def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: list[str],
@@ -228,6 +287,10 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         stream.write("\n")
     stream.write(json.dumps(result, default=str) + "\n")
     ok = result["step"] >= total and not errors
+    first, last = result["reward_first"], result["reward_last"]
+    if first is not None:
+        print(f"spoolrl demo: reward {first:.2f} (mean of the first {result['reward_first_steps']} steps) -> "
+              f"{last:.2f} (last {result['reward_last_steps']})", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
           f"run directory {paths.root}; next: spoolrl report {paths.root}", file=sys.stderr)
     if not ok:

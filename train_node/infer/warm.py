@@ -34,7 +34,7 @@ Example = tuple[Sequence[int], Sequence[int]]  # (token_ids, loss_mask)
 class WarmSpec:
     """The fit: AdamW steps over shuffled mini-batches."""
 
-    steps: int = 80
+    steps: int = 60
     batch_size: int = 8
     lr: float = 2e-3
     seed: int = 0
@@ -83,17 +83,25 @@ def _batch(examples: Sequence[Example], pad: int) -> tuple[Any, Any, Any]:
     return ids, mask, attn
 
 
+def _load(model_dir: str | Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no weight-loading bars in the demo's output
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
 def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSpec) -> dict[str, Any]:
     """Fit ``base_dir``'s model on ``examples`` and save it (with the base's tokenizer) into ``out_dir``."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     assert examples, "a warm start needs transcripts"
     torch.set_num_threads(spec.threads)
     t0 = time.monotonic()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        model = _load(base_dir)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
         gen = torch.Generator().manual_seed(spec.seed)
@@ -128,9 +136,8 @@ def value_probabilities(model_dir: str | Path, prefixes: Sequence[Sequence[int]]
                         temperature: float = 1.0) -> list[list[float]]:
     """For each prefix: the sampling probability (at ``temperature``) of each choice token as the next token."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = _load(model_dir).eval()
     out = []
     with torch.no_grad():
         for prefix in prefixes:
@@ -145,9 +152,8 @@ class Sampler:
 
     def __init__(self, model_dir: str | Path, seed: int = 0) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = _load(model_dir).eval()
         self.gen = torch.Generator().manual_seed(seed)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, temperature: float,
