@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy.typing as npt
 import yaml
 from tokenizers import Tokenizer
 
@@ -33,6 +34,7 @@ HEADER_END = "<|end_header_id|>"
 CLOSERS = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}
 DROPPED = {"<|begin_of_text|>", "<s>", "<bos>"}
 OBSERVATION_ROLES = {"tool", "ipython", "observation"}
+Ids = Sequence[int] | npt.NDArray[Any]  # token IDs or a loss mask: a list or a trajectory's array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +67,7 @@ def _tokens(tokenizer: Tokenizer) -> dict[int, str]:
     return {int(i): str(t.content) for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
 
-def decode_items(tokenizer: Tokenizer, token_ids: Sequence[int], loss_mask: Sequence[int]
+def decode_items(tokenizer: Tokenizer, token_ids: Ids, loss_mask: Ids
                  ) -> list[tuple[str, Piece]]:
     """The sequence as ("special", piece) for each special token and ("text", piece) for each run of
     ordinary tokens with one mask value, each run decoded in one call (multi-byte characters stay whole)."""
@@ -164,7 +166,7 @@ class _Parser:
             self.current.pieces.append(piece)
 
 
-def conversation(tokenizer: Tokenizer, token_ids: Sequence[int], loss_mask: Sequence[int]) -> list[Message]:
+def conversation(tokenizer: Tokenizer, token_ids: Ids, loss_mask: Ids) -> list[Message]:
     """The trajectory's messages in order (see the module docstring for formats and role names)."""
     parser = _Parser()
     for kind, piece in decode_items(tokenizer, token_ids, loss_mask):

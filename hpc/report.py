@@ -7,13 +7,15 @@ Guarantees:
 - Accounting: tokens generated, trained and discarded (by reason), sandbox-hours, CPU- and
   GPU-hours per group (sacct on Slurm; process wall time x CPUs for local runs), waste as a
   percentage, and the cost per trained token in those units.
-The HTML embeds the PNGs as data URIs, so the page is one file that can be copied off a cluster.
+- The HTML page (:mod:`hpc.report_html`) is one self-contained file - the PNGs as data URIs, no network -
+  with a summary table, the plots and the best and worst rollouts of recent steps decoded as
+  conversations with the run's tokenizer (:mod:`hpc.report_samples`, :mod:`hpc.decode`), so it can be
+  copied off a cluster and shared. ``report.json`` adds the model, tokens by fate and which samples
+  the page shows.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -172,19 +174,25 @@ def _plot(name: str, data: Any, out: Path) -> None:
     plt.close(fig)
 
 
-def _html(run: Path, pngs: dict[str, Path], report: dict[str, Any]) -> str:
-    imgs = "\n".join(
-        f'<figure><img alt="{html.escape(PLOTS[n][0])}" src="data:image/png;base64,'
-        f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(PLOTS[n][0])}</figcaption></figure>'
-        for n, p in pngs.items())
-    acct = html.escape(json.dumps(report["accounting"], indent=1, sort_keys=True))
-    skipped = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in report["skipped"].items())
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>spoolrl report: {html.escape(run.name)}"
-            "</title><style>body{font-family:sans-serif;max-width:1400px;margin:auto}figure{display:inline-block;"
-            "margin:6px}img{max-width:640px}</style></head><body>"
-            f"<h1>spoolrl report</h1><p>run: <code>{html.escape(str(run))}</code></p>"
-            f"<h2>Accounting</h2><pre>{acct}</pre><h2>Plots</h2>{imgs}"
-            f"<h2>Not plotted</h2><ul>{skipped or '<li>none</li>'}</ul></body></html>\n")
+def _html(paths: RunPaths, records: list[dict[str, Any]], pngs: dict[str, Path], report: dict[str, Any]) -> str:
+    from hpc.decode import conversation, load_tokenizer, run_tokenizer_dir
+    from hpc.errors import UsageError
+    from hpc.report_html import page, rollout_html, summary_rows
+    from hpc.report_samples import read_ledgers, recent_samples
+
+    picks, where = recent_samples(paths, read_ledgers(paths))
+    rollouts: list[str] = []
+    if picks:
+        try:
+            tokenizer = load_tokenizer(run_tokenizer_dir(paths.root))
+        except UsageError as exc:
+            where += f" (not decoded: {exc})"
+            picks = []
+        for kind, traj in picks:
+            rollouts.append(rollout_html(kind, traj, conversation(tokenizer, traj.token_ids, traj.loss_mask)))
+    report["samples"] = {"from": where, **{kind: t.trajectory_id for kind, t in picks}}
+    rows = summary_rows(paths.root, report["model"], records, report)
+    return page(paths.root, rows, pngs, {n: PLOTS[n][0] for n in PLOTS}, rollouts, where, report["skipped"])
 
 
 def build_report(paths: RunPaths) -> dict[str, Any]:
@@ -192,8 +200,11 @@ def build_report(paths: RunPaths) -> dict[str, Any]:
     hours, source = group_hours(paths, records)
     series = collect_series(records)
     skipped = {name: "no data in the metrics files" for name, data in series.items() if not data}
-    return {"schema": 1, "run": str(paths.root), "series": series, "skipped": skipped,
-            "accounting": {**accounting(records, hours), "hours_source": source}}
+    from hpc.report_samples import read_ledgers, run_model, tokens_by_fate
+
+    return {"schema": 1, "run": str(paths.root), "model": run_model(paths), "series": series, "skipped": skipped,
+            "accounting": {**accounting(records, hours), "hours_source": source},
+            "tokens_by_fate": tokens_by_fate(records, read_ledgers(paths))}
 
 
 def write_report(run_dir: Path, html_path: Path | None = None) -> Path:
@@ -212,7 +223,7 @@ def write_report(run_dir: Path, html_path: Path | None = None) -> Path:
             pngs[name] = out_dir / f"{name}.png"
             _plot(name, data, pngs[name])
     report["plots"] = {name: str(p) for name, p in pngs.items()}
-    atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     target = html_path or out_dir / "report.html"
-    atomic_write_text(target, _html(paths.root, pngs, report))
+    atomic_write_text(target, _html(paths, list(read_metrics(paths.root)), pngs, report))
+    atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     return target

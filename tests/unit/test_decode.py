@@ -64,11 +64,11 @@ def test_inspect_decode_on_a_shard_and_on_the_latest_shards_of_a_run(
     run, shards = _run(tmp_path)
     assert main(["spool", "inspect", str(shards[0]), "--decode"]) == 0
     out = capsys.readouterr().out
-    assert "=== task-0:s0" in out and f"[assistant 1]\n{cf.CALL}\n" in out and f"[ctx]{cf.TASK}[/ctx]" in out
+    assert "=== task-0:s0:a0" in out and f"[assistant 1]\n{cf.CALL}\n" in out and f"[ctx]{cf.TASK}[/ctx]" in out
     assert "[outcome] status=ok  reward=0  stop=submit  tests 0/4 passed  diff 120 bytes, applied" in out
     assert main(["spool", "inspect", str(run), "--latest", "1", "--decode"]) == 0
     out = capsys.readouterr().out
-    assert "=== task-1:s0" in out and "task-0" not in out
+    assert "=== task-1:s0:a0" in out and "task-0" not in out
     assert main(["spool", "inspect", str(run), "--latest", "5"]) == 0
     out = capsys.readouterr().out
     assert out.count("shard ") == 2 and "[task]" not in out
