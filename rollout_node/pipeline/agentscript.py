@@ -152,9 +152,9 @@ def peek_script(probe_objects: Sequence[str]) -> list[str]:
     """What an agent can learn of the repository's history from inside (issue 13, point 5): one call
     per question; ``probe_objects`` are object ids it must not be able to read (e.g. the fix's)."""
     probes = " ".join(o for o in probe_objects if o.isalnum())
-    return [bash("git log --all --format=%H"), bash("git reflog --all --format=%H"), bash("git stash list"),
-            bash("git cat-file --batch-all-objects --batch-check='%(objectname)'"),
-            bash("git for-each-ref --format='%(refname)'"),
-            bash(f"for o in {probes or 'none'}; do git cat-file -p \"$o\" >/dev/null 2>&1 && echo \"READ $o\"; done; "
+    return [bash("git --no-pager log --all --format=%H"), bash("git --no-pager reflog --all --format=%H"), bash("git --no-pager stash list"),
+            bash("git --no-pager cat-file --batch-all-objects --batch-check='%(objectname)'"),
+            bash("git --no-pager for-each-ref --format='%(refname)'"),
+            bash(f"for o in {probes or 'none'}; do git --no-pager cat-file -p \"$o\" >/dev/null 2>&1 && echo \"READ $o\"; done; "
                  "echo probed"),
             bash("cat .git/objects/info/alternates .git/objects/info/packs 2>/dev/null; echo end")]
