@@ -58,8 +58,8 @@ def test_the_agent_sees_only_base_commit(tmp_path: Path) -> None:
     for ref in ("refs/heads/main", "refs/tags/v-fixed", "refs/stash"):
         run_git(["--git-dir", str(mirror), "update-ref", ref, later])
     hidden.append(later)
-    base_objects = set(git_out(["--git-dir", str(mirror), "rev-list", "--objects", target.base_commit]).split()[::1])
-    base_objects = {o for o in base_objects if len(o) == 40}
+    listed = git_out(["--git-dir", str(mirror), "rev-list", "--objects", target.base_commit]).splitlines()
+    base_objects = {line.split()[0] for line in listed}
     assert not base_objects & set(hidden), "each hidden object differs from every base object"
     record = {"task_id": "peek", "instance_id": target.instance_id, "group_size": 1, "peek_objects": hidden}
     Spool(paths.root, cfg.spool).put_tasks([record])
