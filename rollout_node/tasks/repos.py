@@ -9,8 +9,10 @@ Guarantees:
   ``base_commit`` of the built-in tasks is reproducible on every machine.
   :func:`ensure_builtin_repos` creates the mirrors atomically (build aside, then rename), so several
   nodes may call it on one shared directory at once.
-- :func:`prepare_workdir` gives the agent a checkout of ``base_commit`` with a one-commit history
-  (the fix and later commits are not in it).
+- :func:`prepare_workdir` gives the agent a checkout of ``base_commit`` with a one-commit history:
+  a depth-1 fetch of that commit alone into a fresh ``.git`` (no alternates, no ref but ``main``,
+  no ``FETCH_HEAD``), so no other commit, tag, stash or object of the mirror (the fix, later
+  commits, other tasks) is reachable from the sandbox (tests/tasks/test_no_peeking.py).
 - :func:`collect_diff` never trusts the work dir's ``.git`` (the agent controls it: hooks, filter
   drivers and fsmonitor commands there could run on the host). It diffs the work tree against
   ``base_commit`` with a fresh, harness-owned git directory whose objects come from the mirror.
