@@ -1,4 +1,4 @@
-"""Verbs of the rollout side: ``rollout-node``, ``sandbox exec|shell``, ``tasks check``."""
+"""Verbs of the rollout side: ``rollout-node``, ``rollout-server``, ``sandbox exec|shell``, ``tasks check``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from hpc.cli_util import register_modules
 
-MODULES = ("rollout_node.pipeline.cli", "rollout_node.sandbox.cli", "rollout_node.tasks.cli")
+MODULES = ("rollout_node.pipeline.cli", "rollout_node.service.cli", "rollout_node.sandbox.cli", "rollout_node.tasks.cli")
 
 
 def register(sub: Any) -> None:

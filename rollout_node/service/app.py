@@ -1,0 +1,187 @@
+"""The HTTP face (aiohttp): ProRL-Agent-Server's endpoints over :class:`FrontDoor`.
+
+Guarantees:
+- Every endpoint requires ``Authorization: Bearer <run secret>`` (constant-time compare; 401
+  otherwise) unless the server was started with ``--no-auth``.
+- Bodies are JSON objects of at most ``max_request_mb`` (413 above it, 400 when not JSON).
+- ``/process`` is admitted only while running (503), with a backend (503), below ``max_pending``
+  jobs in flight (503 + ``Retry-After``); it then awaits its job's future: no thread per call.
+- ``/stop`` ends every job (``server is stopping; job cancelled``), tells the nodes to stop them
+  (their sandboxes are closed) and withdraws the backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from rollout_node.service import wire
+from rollout_node.service.backends import Backends
+from rollout_node.service.frontdoor import FrontDoor, JobEnded
+
+log = logging.getLogger("spoolrl.service")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HEARTBEAT_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """The rollout-server's own settings (``service.<key>=value`` on its command line)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8006                 # ProRL-Agent-Server's default
+    auth: bool = True
+    max_pending: int = 4096          # /process calls in flight; above it: 503 + Retry-After
+    retry_after_s: int = 5
+    timeout_s: float = 3600.0        # per /process, from admission; past it: 504 and the job is cancelled
+    max_request_mb: float = 16.0
+    local_nodes: int = 1             # rollout nodes run inside this process (0 = only external ones)
+    poll_s: float = 0.1              # how often the front door reads finished shards back
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _detail(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return _json(status, {"detail": message}, headers)
+
+
+class Service:
+    """Routes bound to one front door, one backend registry and one token."""
+
+    def __init__(self, door: FrontDoor, backends: Backends, cfg: ServiceConfig, token: str) -> None:
+        self.door, self.backends, self.cfg, self.token = door, backends, cfg, token
+        self._beat: asyncio.Task[None] | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=int(self.cfg.max_request_mb * 2**20),
+                              middlewares=[self._errors, self._auth])
+        app.add_routes([web.post("/start", self.start), web.post("/stop", self.stop), web.get("/status", self.status),
+                        web.post("/add_llm_server", self.add_llm_server),
+                        web.post("/clear_llm_server", self.clear_llm_server),
+                        web.post("/process", self.process), web.post("/cancel", self.cancel)])
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        await self.door.open()
+        self._beat = asyncio.create_task(self._heartbeat())
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        self.backends.withdraw()
+        await self.door.close()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            self.backends.heartbeat()
+
+    # ------------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.cfg.auth:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return _detail(401, "missing or wrong bearer token (the run secret: RUN/control/secret)")
+        return await handler(request)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except wire.WireError as exc:
+            return _detail(exc.status, str(exc))
+        except web.HTTPRequestEntityTooLarge:
+            return _detail(413, f"request body over {self.cfg.max_request_mb:g} MB")
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            data = json.loads(await request.read())
+        except ValueError as exc:
+            raise wire.WireError(400, f"body is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise wire.WireError(400, "body must be a JSON object")
+        return data
+
+    # ------------------------------------------------------------------ control endpoints
+    async def start(self, _request: web.Request) -> web.Response:
+        if self.door.running:
+            return _detail(400, "already running")
+        self.door.running = True
+        self.backends.announce()
+        self.door.backends_changed()
+        return _json(200, {"status": "started"})
+
+    async def stop(self, _request: web.Request) -> web.Response:
+        if not self.door.running:
+            return _detail(503, "not running")
+        self.door.running = False
+        self.backends.withdraw()
+        n = self.door.fail_all(503, "server is stopping; job cancelled")
+        return _json(200, {"status": f"stopped; {n} job(s) cancelled"})
+
+    async def status(self, _request: web.Request) -> web.Response:
+        if not self.door.running:
+            return _detail(503, "not running")
+        counts = await asyncio.get_running_loop().run_in_executor(None, self.door.stage_counts)
+        return _json(200, {"status": "running", "pending_jobs": self.door.pending(), **counts,
+                           "in_flight": len(self.door.jobs), "llm_servers": list(self.backends.urls),
+                           **{f"total_{k}": v for k, v in sorted(self.door.counts.items())}})
+
+    async def add_llm_server(self, request: web.Request) -> web.Response:
+        address = (await self._body(request)).get("address")
+        if not isinstance(address, str):
+            raise wire.WireError(400, "address must be a string such as http://host:8000/v1")
+        url = self.backends.add(address)
+        self.door.backends_changed()
+        word = "Added" if self.door.running else "Buffered"
+        return _json(200, {"status": f"{word} LLM server {url}"})
+
+    async def clear_llm_server(self, _request: web.Request) -> web.Response:
+        n = self.backends.clear()
+        self.door.backends_changed()
+        return _json(200, {"status": f"Cleared {n} LLM server(s)"})
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        job_id = (await self._body(request)).get("job_id")
+        if not isinstance(job_id, str):
+            raise wire.WireError(400, "job_id must be a string")
+        if not self.door.cancel(job_id, f"job {job_id} cancelled by /cancel"):
+            return _detail(404, f"no job {job_id!r} in flight")
+        return _json(200, {"status": f"Cancel requested for job {job_id}"})
+
+    # ------------------------------------------------------------------ /process
+    async def process(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        instance, _handler = wire.check_instance(body.get("instance"))
+        sampling = wire.check_sampling(body.get("sampling_params"))
+        job_id = wire.check_job_id(body.get("job_id"), str(uuid.uuid4()))
+        if not self.door.running:
+            return _detail(503, "not running: POST /start first")
+        if not self.backends.urls:
+            return _detail(503, "no LLM server: POST /add_llm_server first")
+        if len(self.door.jobs) >= self.cfg.max_pending:
+            return _detail(503, f"{len(self.door.jobs)} jobs in flight (max_pending); retry later",
+                           {"Retry-After": str(self.cfg.retry_after_s)})
+        job = self.door.submit(job_id, instance, sampling)
+        try:
+            return _json(200, await job.future)
+        except JobEnded as ended:
+            return _json(ended.status, ended.body) if ended.body is not None else _detail(ended.status, str(ended))
+        except asyncio.CancelledError:  # the client went away: stop the episode, free its sandbox
+            self.door.cancel(job_id, "client disconnected")
+            raise

@@ -1,0 +1,193 @@
+"""``spoolrl rollout-server [--config FILE] [key=value ...] [--run RUN] [--host H] [--port P] [--no-auth]``:
+Rollout-as-a-Service, wire-compatible with ProRL-Agent-Server (see rollout_node/service/app.py).
+
+- ``key=value`` overrides go to the run config (sandboxes, tasks, rollout limits: the same as
+  ``rollout-node``), except ``service.<key>=value``, the server's own settings
+  (:class:`~rollout_node.service.app.ServiceConfig`; they are not part of run.yaml).
+- ``--run RUN``: the run directory the front door and its rollout nodes share (created when missing;
+  default: a fresh private one in node-local scratch). More nodes join with
+  ``spoolrl rollout-server --node-only --run RUN`` on any host that sees RUN.
+- When ready it prints one JSON line on stdout (``url``, ``token``, ``run``, ``token_file``) and
+  writes ``RUN/endpoints/rollout-server.json`` (``url``, ``token_file``).
+- In a Slurm step, task 0 serves (with ``service.local_nodes`` nodes) and every other task is a node.
+- SIGTERM/SIGINT: stop serving, end every job, drain the nodes, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from hpc.errors import UsageError
+
+log = logging.getLogger("spoolrl.service")
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(run-config overrides, ``service.*`` overrides without the prefix)."""
+    run, svc = [], {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key.startswith("service.") and sep:
+            svc[key[len("service."):]] = value
+        else:
+            run.append(item)
+    return run, svc
+
+
+def service_config(values: dict[str, str], args: argparse.Namespace) -> Any:
+    from rollout_node.service.app import ServiceConfig
+
+    kinds = {f.name: f.type for f in fields(ServiceConfig)}
+    parsed: dict[str, Any] = {}
+    for key, text in values.items():
+        if key not in kinds:
+            raise UsageError(f"service.{key}: unknown; valid keys: {', '.join(sorted(kinds))}")
+        kind = str(kinds[key])
+        try:
+            parsed[key] = (text.lower() in ("1", "true", "yes") if kind == "bool" else
+                           int(text) if kind == "int" else float(text) if kind == "float" else text)
+        except ValueError as exc:
+            raise UsageError(f"service.{key}: {text!r} is not a {kind}") from exc
+    cfg = ServiceConfig(**parsed)
+    return replace(cfg, host=args.host or cfg.host, port=cfg.port if args.port is None else args.port,
+                   auth=cfg.auth and not args.no_auth)
+
+
+def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
+    from hpc.config import load_config
+    from hpc.paths import node_scratch
+    from hpc.rundir import create_run, open_run
+
+    run = Path(args.run) if args.run else node_scratch() / f"spoolrl-raas-{os.getuid()}-{os.getpid()}"
+    if (run / "run.yaml").exists() and not args.config and not overrides:
+        return open_run(run)
+    config = load_config(args.config, overrides)
+    if config.model.path == "tiny" and not config.model.tokenizer_path and not (run / "model").is_dir():
+        raise UsageError("rollout-server needs the policy's tokenizer: set model.path=DIR (or "
+                         "model.tokenizer_path=DIR) to a Hugging Face model directory")
+    return open_run(create_run(run, config, if_missing=True).root)
+
+
+def setup_logging(log_dir: Path) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s rollout-server %(threadName)s %(levelname)s %(message)s")
+    root = logging.getLogger("spoolrl")
+    root.setLevel(logging.INFO)
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "rollout-server.log")):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+def run_node_only(run: str, node_id: str) -> int:
+    """A rollout node for a front door on ``run`` (until SIGTERM/SIGINT/STOP)."""
+    from rollout_node.pipeline.cli import DRAIN_SIGNALS
+    from rollout_node.pipeline.cli import setup_logging as node_logging
+    from rollout_node.service.node import build_service_node
+
+    node = build_service_node(run, node_id)
+    node_logging(node.paths.logs, node_id)
+    for name in DRAIN_SIGNALS:
+        signal.signal(getattr(signal, name), lambda signum, _f: node.request_drain(signal.Signals(signum).name))
+    print(json.dumps(node.run(), sort_keys=True, default=str))
+    return 0
+
+
+def start_local_nodes(run: Path, count: int) -> list[tuple[Any, threading.Thread]]:
+    from rollout_node.service.node import build_service_node
+
+    host = socket.gethostname().split(".")[0]
+    nodes = []
+    for i in range(count):
+        node = build_service_node(str(run), f"{host}-raas{i}")
+        thread = threading.Thread(target=node.run, name=f"raas-node-{i}", daemon=True)
+        thread.start()
+        nodes.append((node, thread))
+    return nodes
+
+
+async def serve(paths: Any, config: Any, cfg: Any) -> None:
+    from aiohttp import web
+
+    from rollout_node.service.app import Service
+    from rollout_node.service.backends import Backends
+    from rollout_node.service.frontdoor import FrontDoor
+
+    token = paths.secret.read_text().strip()
+    door = FrontDoor(paths, config, timeout_s=cfg.timeout_s, poll_s=cfg.poll_s)
+    runner = web.AppRunner(Service(door, Backends(paths.endpoints), cfg, token).app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+    await site.start()
+    port = runner.addresses[0][1]
+    host = socket.gethostname() if cfg.host in ("0.0.0.0", "::") else cfg.host
+    url = f"http://{host}:{port}"
+    announce(paths, url, cfg.auth, token)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    (paths.endpoints / "rollout-server.json").unlink(missing_ok=True)
+
+
+def announce(paths: Any, url: str, auth: bool, token: str) -> None:
+    from hpc.fsutil import atomic_write_json
+
+    token_file = str(paths.secret) if auth else None
+    atomic_write_json(paths.endpoints / "rollout-server.json",
+                      {"url": url, "token_file": token_file, "host": socket.gethostname(), "pid": os.getpid()})
+    if not auth:
+        log.warning("--no-auth: every endpoint is open to anyone who can reach %s", url)
+    print(json.dumps({"url": url, "token": token if auth else None, "token_file": token_file,
+                      "run": str(paths.root)}), flush=True)
+
+
+def _rollout_server(args: argparse.Namespace) -> int:
+    from hpc.slurm_env import SlurmEnv
+
+    run_overrides, svc_values = split_overrides(list(args.overrides))
+    cfg = service_config(svc_values, args)
+    env = SlurmEnv.from_environ()
+    if args.node_only or (env.in_step and env.procid > 0):
+        if not args.run:
+            raise UsageError("--node-only needs --run RUN (the front door's run directory)")
+        from rollout_node.pipeline.cli import default_node_id
+
+        return run_node_only(args.run, default_node_id())
+    paths, config = open_or_create_run(args, run_overrides)
+    setup_logging(paths.logs)
+    nodes = start_local_nodes(paths.root, cfg.local_nodes)
+    try:
+        asyncio.run(serve(paths, config, cfg))
+    finally:
+        for node, _ in nodes:
+            node.request_drain("rollout-server stopped")
+        for _, thread in nodes:
+            thread.join(timeout=config.rollout.drain_timeout_s + 10)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("rollout-server", help="serve rollouts over HTTP (ProRL-Agent-Server compatible)",
+                       description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="run.yaml (omitted = built-in defaults)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="run config overrides, and service.<key>=value for the server's own settings")
+    p.add_argument("--run", default="", metavar="RUN", help="run directory shared with the rollout nodes")
+    p.add_argument("--host", default="", help="address to bind (default 127.0.0.1; 0.0.0.0 for other hosts)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default 8006; 0 = any free port)")
+    p.add_argument("--no-auth", action="store_true", help="serve without the bearer token (warns)")
+    p.add_argument("--node-only", action="store_true", help="be one more rollout node of the front door on --run")
+    p.set_defaults(func=_rollout_server)

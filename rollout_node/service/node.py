@@ -1,0 +1,57 @@
+"""A rollout node serving the API: the pipeline's :class:`~rollout_node.pipeline.node.RolloutNode`
+unchanged (claims from the run's spool, INIT -> RUN -> EVAL, groups written to shards, leases,
+cancellation, drain), with :class:`~rollout_node.service.policy.ServicePolicy` as its policy and the
+episode's diff kept on the trajectory as ``git_patch`` for the API's answer.
+
+Guarantee: a service node is a rollout node in every other respect (same sandboxes, tasks code,
+limits, fault table and exactly-once spool rules), so any number of them, on any hosts, serve one
+front door by sharing its run directory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hpc.trajectory import Status
+from rollout_node.pipeline.episode import Episode
+from rollout_node.pipeline.node import NodeOptions, RolloutNode
+
+
+class ServiceNode(RolloutNode):
+    """``RolloutNode`` that records the diff it evaluated (ProRL's ``git_patch``)."""
+
+    def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
+        if ep.diff:
+            ep.metrics["git_patch"] = ep.diff
+        super()._complete(ep, status, reward)
+
+
+def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any = None) -> ServiceNode:
+    """Wire a service node on ``run`` (the same parts ``spoolrl rollout-node`` builds)."""
+    from hpc.paths import node_scratch
+    from hpc.rundir import open_run
+    from hpc.spool import Spool
+    from rollout_node.pipeline.bindings import RealTaskOps
+    from rollout_node.pipeline.sizing import default_workers
+
+    paths, config = open_run(run)
+    scratch = node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}"
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    options = NodeOptions(node_id=node_id, workers=default_workers(config.rollout, config.sandbox, scratch),
+                          scratch=scratch)
+    return ServiceNode(paths, config, Spool(paths.root, config.spool), ops or RealTaskOps(paths, config),
+                       policy or make_service_policy(paths, config), options)
+
+
+def make_service_policy(paths: Any, config: Any) -> Any:
+    """The LLM agent with least-assigned balancing over RUN/endpoints (backends the API registers)."""
+    from rollout_node.agent.client import RetryPolicy
+    from rollout_node.agent.endpoints import EndpointDirectory
+    from rollout_node.service.policy import LeastAssignedClient, ServicePolicy
+
+    inf = config.inference
+    client = LeastAssignedClient(EndpointDirectory(paths.endpoints), request_timeout_s=inf.request_timeout_s,
+                                 retry=RetryPolicy(max_retries=inf.max_retries),
+                                 max_concurrent_per_server=inf.max_concurrent_per_server)
+    return ServicePolicy(paths, config, client=client)

@@ -1,0 +1,109 @@
+"""The agent as the service runs it: the pipeline's :class:`~rollout_node.pipeline.llm.LLMPolicy`
+with per-request ``sampling_params`` and a ProRL ``messages`` record, and an inference client that
+balances new episodes to the least-assigned backend.
+
+Guarantees:
+- ``sampling_params`` of the spool task (checked by :mod:`rollout_node.service.wire`) override, for
+  that episode only, ``temperature``, ``top_p``, ``max_iterations`` (agent turns) and
+  ``max_output_tokens`` (tokens per generation); the run's limits stay the upper bound of nothing
+  else: ``rollout.max_tokens`` and the server's context length still cap the episode.
+- ``messages`` is built from the loop's own turn log: assistant ``token_ids``/``logprobs`` are the
+  completion's, as the backend produced them (never decoded and encoded again); the text is decoded
+  only for display.
+- Balancing: an episode key (the task id) is assigned once, to the live backend with the fewest
+  episodes assigned so far in this process, and keeps it for every turn (prefix cache) unless that
+  backend fails or is cleared; then the next least-assigned live one takes over.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any
+
+from rollout_node.agent import AgentLoop, EpisodeSeed, SandboxTools, task_messages
+from rollout_node.agent.client import InferenceClient
+from rollout_node.agent.result import EpisodeResult
+from rollout_node.pipeline.llm import LLMPolicy, _stop_reason, _VersionTap
+from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
+
+MAX_KEYS = 100_000  # assignments remembered (oldest forgotten first; a forgotten key is re-balanced)
+
+
+class LeastAssignedClient(InferenceClient):
+    """:class:`InferenceClient` whose ``pick`` is least-assigned + sticky instead of rendezvous."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._assigned: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._pick_lock = threading.Lock()
+
+    def pick(self, key: str, exclude: str | None = None) -> str | None:
+        live = [u for u in self.endpoints.live() if u != exclude] or self.endpoints.live()
+        if not live:
+            return None
+        with self._pick_lock:
+            current = self._assigned.get(key)
+            if current in live and current != exclude:
+                return current
+            choice = min(live, key=lambda u: (not self.ready(u), self._counts[u], u))
+            if current is not None:
+                self._counts[current] -= 1
+            self._assigned[key] = choice
+            self._counts[choice] += 1
+            while len(self._assigned) > MAX_KEYS:
+                _, old = self._assigned.popitem(last=False)
+                self._counts[old] -= 1
+            return choice
+
+    def assigned(self) -> dict[str, int]:
+        with self._pick_lock:
+            return {u: n for u, n in self._counts.items() if n > 0}
+
+
+def messages_of(policy_template: Any, problem: str, result: EpisodeResult, observation_role: str) -> list[dict[str, Any]]:
+    """ProRL's ``messages``: system, user, then per turn the assistant's generation and the observation."""
+    out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in task_messages(problem)]
+    for turn in result.turns:
+        c = turn.completion
+        out.append({"role": "assistant", "content": policy_template.decode(c.token_ids),
+                    "token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "prompt_len": turn.prompt_len,
+                    "finish_reason": c.finish_reason})
+        if turn.observation:
+            out.append({"role": observation_role, "content": turn.observation})
+    return out
+
+
+class ServicePolicy(LLMPolicy):
+    """``LLMPolicy`` plus per-request sampling and the ``messages`` record (module docstring)."""
+
+    def _loop_for(self, params: dict[str, Any]) -> AgentLoop:
+        limits = self.loop.limits
+        changes = {"temperature": params.get("temperature", limits.temperature),
+                   "top_p": params.get("top_p", limits.top_p),
+                   "max_turns": params.get("max_iterations", limits.max_turns),
+                   "max_new_tokens_per_turn": params.get("max_output_tokens", limits.max_new_tokens_per_turn)}
+        if all(getattr(limits, k) == v for k, v in changes.items()):
+            return self.loop
+        loop = AgentLoop.__new__(AgentLoop)  # share the template's encoded marker; only the limits differ
+        loop.template, loop.marker_ids = self.loop.template, self.loop.marker_ids
+        loop.limits = dataclasses.replace(limits, **changes)
+        return loop
+
+    def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
+        self._learn_context_len()
+        loop = self._loop_for(dict(ctx.task_dict.get("sampling_params") or {}))
+        problem = ctx.task.problem_statement or ctx.task_id
+        tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)
+        seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
+        result = loop.run(task_messages(problem), _VersionTap(self.client.session(ctx.task_id), ctx), tools,
+                          seed=seed, cancel=lambda _so_far: _stop_reason(ctx), deadline=ctx.effective_deadline)
+        ctx.transcript.replace(Transcript(token_ids=result.token_ids, loss_mask=result.loss_mask,
+                                          logprobs=result.logprobs, policy_versions=result.policy_versions,
+                                          prompt_len=result.prompt_len))
+        metrics = {**result.metrics(), **{f"agent_{k}": round(v, 4) for k, v in result.timings.items()},
+                   "service_messages": messages_of(self.template, problem, result, loop.limits.observation_role)}
+        return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling),
+                             logprob_kind=result.logprob_kind)
