@@ -18,6 +18,10 @@ reader's own monotonic clock; never flock/fcntl, inotify or sub-second mtimes):
   those and returns every other claimed shard to ``ready/``. A stale trainer (older generation)
   gets :class:`FencedError` from ``commit``/``recover``. Shard claims are never reclaimed by
   lease: a trainer may legitimately hold shards through a long step, only its successor frees them.
+  Generations live in :mod:`hpc.fencing`; ``check_fence`` lets the trainer refuse its own writes.
+- Each commit record names the checkpoint that covers it; when a resume finds that checkpoint torn
+  and falls back past it, ``uncommit`` returns its shards to ready and voids the record, so what
+  it trained is trained again in the surviving lineage (never lost, never twice in it).
 - Deduplication by task id: the first writer session (and attempt) that delivers a task id owns
   it; rows of that task from any other shard are dropped with reason ``duplicate_task`` and the
   drop is written into the commit record. This absorbs the late result of a worker that was
@@ -64,7 +68,8 @@ import pyarrow as pa
 
 from hpc.arrival import SETTLE_S, ReadyWatch
 from hpc.config.spool import SpoolConfig
-from hpc.errors import CorruptShardError, FencedError, SpoolError
+from hpc.errors import CorruptShardError, SpoolError
+from hpc.fencing import Fencing
 from hpc.fsutil import atomic_write_json
 from hpc.lease import (
     Heartbeat,
@@ -115,7 +120,7 @@ class Shard:
         return table_trajectories(self.table, str(self.path), self.keep)
 
 
-class Spool:
+class Spool(Fencing):
     """Facade over the run's spool (see the module docstring for layout and guarantees)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], config: SpoolConfig | None = None) -> None:
@@ -351,42 +356,8 @@ class Spool:
                 continue
 
     # =========================================================================== commit / fence
-    def fence(self, consumer_id: str) -> int:
-        """Become the newest consumer generation; older ones can no longer commit. Returns it."""
-        while True:
-            generation = self.current_generation() + 1
-            record = {"consumer": consumer_id, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}
-            if publish_file(self.fence_dir / f"{generation:08d}", json.dumps(record).encode()):
-                self._generation[consumer_id] = generation
-                return generation
-
-    def current_generation(self) -> int:
-        gens = [int(n) for n in visible(listdir(self.fence_dir)) if n.isdigit()]
-        return max(gens, default=0)
-
-    def _my_generation(self, consumer_id: str) -> int:
-        """The generation this object holds for ``consumer_id``. An object that never fenced adopts
-        the current generation when ``consumer_id`` is the one that fenced it (a helper process of
-        the current trainer); a stale object keeps the generation it fenced, and is refused."""
-        if consumer_id not in self._generation:
-            current = self.current_generation()
-            try:
-                owner = json.loads((self.fence_dir / f"{current:08d}").read_bytes())["consumer"] if current else None
-            except (OSError, ValueError, KeyError):
-                owner = None
-            self._generation[consumer_id] = current if owner == consumer_id else 0
-        return self._generation[consumer_id]
-
-    def _check_fence(self, consumer_id: str) -> int:
-        mine, current = self._my_generation(consumer_id), self.current_generation()
-        if mine != current:
-            raise FencedError(f"consumer {consumer_id!r} holds generation {mine} but generation {current} "
-                              f"exists (a newer trainer started): stop this process; its work is recovered "
-                              f"by the newer one")
-        return mine
-
-    def commit(self, consumer_id: str, shard_ids: Sequence[str]) -> int:
-        """Mark claimed shards as trained (after the checkpoint covering them). Returns #committed.
+    def commit(self, consumer_id: str, shard_ids: Sequence[str], checkpoint: str = "") -> int:
+        """Mark claimed shards as trained (after ``checkpoint``, which covers them). Returns #committed.
 
         Raises FencedError if a newer consumer generation exists.
         """
@@ -394,7 +365,8 @@ class Spool:
         mine = self._claim_dir(consumer_id)
         done = [sid for sid in shard_ids if try_rename(mine / f"{sid}{SUFFIX}", self.committed / f"{sid}{SUFFIX}")]
         if done:
-            self._write_commit_record(consumer_id, generation, {sid: self._shard_info(sid) for sid in done})
+            self._write_commit_record(consumer_id, generation, {sid: self._shard_info(sid) for sid in done},
+                                      checkpoint)
         return len(done)
 
     def _shard_info(self, shard_id: str) -> dict[str, Any]:
@@ -407,12 +379,32 @@ class Spool:
                 info = {"owners": {}, "dropped": [], "count": shard_count(shard_id), "error": str(exc)}
         return info
 
-    def _write_commit_record(self, consumer_id: str, generation: int, shards: dict[str, Any]) -> None:
-        record = {"consumer": consumer_id, "generation": generation, "t": time.time(), "shards": shards}
+    def _write_commit_record(self, consumer_id: str, generation: int, shards: dict[str, Any],
+                             checkpoint: str = "") -> None:
+        record = {"consumer": consumer_id, "generation": generation, "t": time.time(), "shards": shards,
+                  "checkpoint": checkpoint}
         name = f"{generation:08d}-{int(time.time() * 1000):013d}-{secrets.token_hex(4)}.json"
         publish_file(self.commits / name, json.dumps(record).encode(), replace=True)  # a unique name
 
-    def recover(self, consumer_id: str, committed_shard_ids: Iterable[str]) -> dict[str, int]:
+    def uncommit(self, consumer_id: str, checkpoints: Iterable[str]) -> int:
+        """Return to ready the shards committed after ``checkpoints`` (torn, left out of the lineage);
+        their commit records are voided (renamed ``.voided-...``, kept for the record). Returns #shards."""
+        self._check_fence(consumer_id)
+        tags, moved = set(checkpoints), 0
+        for name in sorted(visible(listdir(self.commits))):
+            try:
+                record = json.loads((self.commits / name).read_bytes())
+            except (OSError, ValueError):
+                continue
+            if record.get("checkpoint") in tags:
+                for sid in record.get("shards", {}):
+                    moved += try_rename(self.committed / f"{sid}{SUFFIX}", self.ready / f"{sid}{SUFFIX}",
+                                        check_dst=False)
+                try_rename(self.commits / name, self.commits / f".voided-{name}", check_dst=False)
+        self._owners = None
+        return moved
+
+    def recover(self, consumer_id: str, committed_shard_ids: Iterable[str], checkpoint: str = "") -> dict[str, int]:
         """After a restart: commit what the latest checkpoint covers, return the rest to ready.
 
         Handles this consumer's claims from every generation and any consumer's claims from older
@@ -432,7 +424,7 @@ class Spool:
                     out["returned"] += 1
         if committed:
             infos = {sid: self._shard_info(sid) for sid in sorted(committed)}
-            self._write_commit_record(consumer_id, generation, infos)
+            self._write_commit_record(consumer_id, generation, infos, checkpoint)
         out["committed"] = len(committed)
         self.clean_temporaries()
         return out

@@ -37,7 +37,7 @@ def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path: Path) -> None:
     assert proc.returncode == 75, err[-3000:]
     stop = list(read_metrics(paths.root, "trainer_stop"))[-1]
     assert stop["reason"] == "signal:SIGTERM" and stop["exit_code"] == 75
-    assert ckpt.latest_tag(paths) == "step_000002"
+    assert ckpt.latest_tag(paths) == "step_000002-g1"  # step, then the fencing generation
     # all four groups' shards are covered and committed
     assert not list((paths.spool / "shards" / "ready").glob("*.shard"))
     assert len(list((paths.spool / "shards" / "committed").glob("*.shard"))) == 4

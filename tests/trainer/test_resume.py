@@ -31,7 +31,7 @@ def test_resume_after_kill_is_bit_exact(tmp_path: Path, nproc: int, stage: int) 
     r = json.loads(lines[0][len("RESULT "):])
     assert r["ref_status"] == [0] * nproc
     assert -signal.SIGKILL in r["crash_status"]  # killed after the step-2 checkpoint, before the spool commit
-    assert r["latest_after_crash"] == "step_000002"
+    assert r["latest_after_crash"] == "step_000002-g1"
     assert r["resume_status"] == [0] * nproc
     got = {int(k): v for k, v in r["run_losses"].items()}
     want = {int(k): v for k, v in r["ref_losses"].items()}
@@ -41,6 +41,6 @@ def test_resume_after_kill_is_bit_exact(tmp_path: Path, nproc: int, stage: int) 
     if nproc == 2:
         # the same lineage resumed by one process: ZeRO-2 state of 2 ranks through a universal checkpoint
         assert r["universal_status"] == [0]
-        assert r["universal_start"]["resumed_from"] == "step_000003" and r["universal_start"]["world_size"] == 1
+        assert r["universal_start"]["resumed_from"] == "step_000003-g2" and r["universal_start"]["world_size"] == 1
         assert r["universal_dir"]
         assert got[4] == pytest.approx(want[4], rel=1e-5, abs=1e-6)

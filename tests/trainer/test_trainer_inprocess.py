@@ -40,7 +40,7 @@ def test_trains_publishes_checkpoints_and_accounts(tmp_path: Path) -> None:
     assert (paths.policy / "LATEST").read_text().strip() == "3"
     # lineage: checkpoints at 2 and 3 (final)
     tags = [m["tag"] for m in ckpt.lineage(paths)]
-    assert tags == ["step_000002", "step_000003"]
+    assert tags == ["step_000002-g1", "step_000003-g1"]
     ledger = [e for tag in tags for e in ckpt.read_ledger(paths, tag)]
     trained = [e for e in ledger if e["outcome"] == "trained"]
     assert len(trained) == 3 * 2 * 4

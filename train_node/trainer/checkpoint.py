@@ -2,23 +2,33 @@
 
 Layout (``RUN/checkpoints/``)::
 
-    step_000010/
+    step_000010-g3/   (step, then the fencing generation of the trainer that wrote it)
       meta.json       step, policy version, parent tag, covered shard ids, fencing generation,
-                      world size, ZeRO stage, trainer state (feeder, trained task ids, partial shards)
+                      world size, ZeRO stage, trainer state (feeder, trained task ids, partial shards),
+                      ``files``: size and XXH3 digest of every other file of the checkpoint
       ledger.jsonl    one line per trajectory resolved since the parent: trained (step) or dropped (reason)
       rng_rank<r>.pt  python / numpy / torch (/ cuda) RNG states of each rank
       ds/             DeepSpeed ``save_checkpoint`` output (tag ``state``); removed by retention
       universal/      ``ds_to_universal`` output, made on demand when the world size changed
-    LATEST            the tag of the newest complete checkpoint (text)
+    LATEST            {"tag", "step", "generation"} of the newest complete checkpoint (JSON; a bare
+                      tag, as older versions wrote it, is read too)
 
 Guarantees:
-- A checkpoint directory is built under a dot-prefixed temporary name and renamed into place
-  when complete; ``LATEST`` is rewritten atomically afterwards. Only then may the caller commit
-  the covered shards to the spool. A crash at any instant leaves LATEST naming a complete
-  checkpoint (or none).
+- A checkpoint directory is built under a dot-prefixed temporary name; every rank fsyncs every
+  file of it and the ranks digest it (each a disjoint part); after a barrier rank 0 writes the
+  manifest into ``meta.json``, renames the directory into place and rewrites ``LATEST`` atomically.
+  Only then may the caller commit the covered shards to the spool. A crash at any instant leaves
+  LATEST naming a complete checkpoint (or none).
+- Fencing: with a ``fence`` (the spool's generation check) nothing is written by a stale trainer:
+  the check runs on rank 0 and is broadcast before the write, and runs again right before the
+  rename, before the LATEST flip and before each retention pass (FencedError on every rank).
+  The generation is part of the tag, so two trainers never write the same directory.
+- :func:`verify` checks a checkpoint against its manifest (sizes, digests) before it is loaded;
+  the trainer falls back along the parent chain past a torn one (see ``loop.Trainer.setup``).
 - The lineage is the chain of ``parent`` tags from LATEST. Retention deletes only the bulky
-  ``ds/`` state of old lineage members: metadata and ledgers stay, so the accounting of the whole
-  run remains readable (``spoolrl checkpoints RUN``).
+  ``ds/`` state of old lineage members, never of the newest two (the previous one is the
+  fall-back): metadata and ledgers stay, so the accounting of the whole run remains readable
+  (``spoolrl checkpoints RUN``).
 """
 
 from __future__ import annotations
@@ -29,23 +39,29 @@ import os
 import random
 import re
 import shutil
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as tdist
+import xxhash
 
+from hpc.errors import FencedError
 from hpc.fsutil import atomic_write_json, atomic_write_text, fsync_dir, read_json, tmp_name
 from hpc.paths import RunPaths
 from train_node.trainer.faults import fault_point
 
-_TAG = re.compile(r"^step_(\d{6,})(-\d+)?$")
+_TAG = re.compile(r"^step_(\d{6,})(-g\d+)?(-\d+)?$")
 DS_TAG = "state"
+KEEP_MIN = 2  # retention never deletes the state of the newest two: the previous one is the fall-back
+Fence = Callable[[], object]  # raises FencedError when a newer trainer generation exists
 
 
-def tag_for(step: int) -> str:
-    return f"step_{step:06d}"
+def tag_for(step: int, generation: int = 0) -> str:
+    return f"step_{step:06d}" + (f"-g{generation}" if generation else "")
 
 
 def step_of(tag: str | None) -> int | None:
@@ -53,22 +69,31 @@ def step_of(tag: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def new_tag(paths: RunPaths, step: int) -> str:
-    """``step_NNNNNN``; a second checkpoint at the same step (a drain that only dropped samples) gets ``-k``."""
-    latest = latest_tag(paths)
-    if step_of(latest) != step:
-        return tag_for(step)
-    assert latest is not None
-    k = int(latest.rpartition("-")[2]) + 1 if "-" in latest else 1
-    return f"{tag_for(step)}-{k}"
+def new_tag(paths: RunPaths, step: int, generation: int = 0) -> str:
+    """``step_NNNNNN-gG``; a second checkpoint at the same step and generation (a drain that only
+    dropped samples) gets ``-k``."""
+    base = tag_for(step, generation)
+    k = 0
+    while (paths.checkpoints / (f"{base}-{k}" if k else base)).exists():
+        k += 1
+    return f"{base}-{k}" if k else base
 
 
 def latest_tag(paths: RunPaths) -> str | None:
     try:
-        tag = paths.checkpoint_latest.read_text().strip()
+        text = paths.checkpoint_latest.read_text().strip()
     except OSError:
         return None
+    try:
+        tag = str(json.loads(text)["tag"]) if text.startswith("{") else text
+    except (ValueError, KeyError, TypeError):
+        return None
     return tag if _TAG.match(tag) and (paths.checkpoints / tag / "meta.json").is_file() else None
+
+
+def write_latest(paths: RunPaths, tag: str, meta: dict[str, Any]) -> None:
+    record = {"tag": tag, "step": meta.get("step"), "generation": meta.get("fence_generation")}
+    atomic_write_text(paths.checkpoint_latest, json.dumps(record, sort_keys=True) + "\n")
 
 
 def read_meta(paths: RunPaths, tag: str) -> dict[str, Any]:
@@ -118,10 +143,26 @@ def _broadcast_str(value: str | None) -> str:
     return box[0]
 
 
-def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: list[dict[str, Any]]) -> str:
-    """Collective: every rank writes its engine shard and RNG state; rank 0 writes the rest and flips LATEST."""
+def fence_collective(fence: Fence | None) -> None:
+    """Collective: rank 0 runs ``fence``; a FencedError there is raised on every rank."""
+    box: list[Any] = [None]
+    if tdist.get_rank() == 0 and fence is not None:
+        try:
+            fence()
+        except FencedError as exc:
+            box[0] = str(exc)
+    tdist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise FencedError(box[0])
+
+
+def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: list[dict[str, Any]],
+         *, fence: Fence | None = None) -> str:
+    """Collective: every rank writes its engine shard and RNG state, fsyncs and digests; rank 0
+    writes the rest and flips LATEST. FencedError on every rank when a newer trainer exists."""
     rank = tdist.get_rank()
-    tag = new_tag(paths, step) if rank == 0 else ""
+    fence_collective(fence)
+    tag = new_tag(paths, step, int(meta.get("fence_generation") or 0)) if rank == 0 else ""
     target = paths.checkpoints / tag
     tmp = Path(_broadcast_str(str(tmp_name(target)) if rank == 0 else None))
     if rank == 0:
@@ -129,28 +170,112 @@ def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: 
     tdist.barrier()
     engine.save(tmp / "ds", client_state={"step": step})
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
-    tdist.barrier()
+    tdist.barrier()  # every rank's files are written before any rank syncs or digests them
+    parts: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(parts, _sync_and_digest(tmp, rank, tdist.get_world_size()))
+    error: list[Any] = [None]
     if rank == 0:
         fault_point("checkpoint")
-        _finish(paths, tmp, target, tag, meta, ledger)
-    tdist.barrier()
+        files = {k: v for part in parts for k, v in part.items()}
+        try:
+            _finish(paths, tmp, target, tag, dict(meta, files=files), ledger, fence)
+        except FencedError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error[0] = str(exc)
+    tdist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        raise FencedError(error[0])
     return tag
 
 
+def _sync_and_digest(tmp: Path, rank: int, world: int) -> dict[str, list[Any]]:
+    """fsync every file and directory under ``tmp`` (this rank's writes are durable wherever they
+    landed); return [size, XXH3-128] of this rank's share of the files (by a hash of the name)."""
+    out: dict[str, list[Any]] = {}
+    for path in sorted(tmp.rglob("*")):
+        rel = str(path.relative_to(tmp))
+        if path.is_dir():
+            fsync_dir(path)
+            continue
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            if zlib.crc32(rel.encode()) % world == rank:
+                out[rel] = [os.fstat(f.fileno()).st_size, _digest_file(f)]
+    fsync_dir(tmp)
+    return out
+
+
+def _digest_file(f: Any) -> str:
+    h = xxhash.xxh3_128()
+    while chunk := f.read(1 << 22):
+        h.update(chunk)
+    return str(h.hexdigest())
+
+
+def verify(paths: RunPaths, tag: str) -> str:
+    """'' when the checkpoint matches its manifest (sizes and digests), else what is wrong. A
+    checkpoint written before manifests existed passes when its engine state is there."""
+    ck = paths.checkpoints / tag
+    try:
+        meta = read_meta(paths, tag)
+    except (OSError, ValueError) as exc:
+        return f"{tag}: meta.json unreadable: {exc}"
+    if not (ck / "ds").is_dir():
+        return f"{tag}: engine state ds/ is missing (deleted by retention?)"
+    for rel, (size, digest) in sorted(meta.get("files", {}).items()):
+        try:
+            with open(ck / rel, "rb") as f:
+                if os.fstat(f.fileno()).st_size != size:
+                    return f"{tag}: {rel} is {os.fstat(f.fileno()).st_size} bytes, the manifest says {size}"
+                if _digest_file(f) != digest:
+                    return f"{tag}: {rel} does not match its digest (torn or corrupted)"
+        except OSError as exc:
+            return f"{tag}: {rel} unreadable: {exc}"
+    return ""
+
+
+def usable_latest(paths: RunPaths) -> tuple[str | None, list[dict[str, str]]]:
+    """The newest checkpoint that passes :func:`verify`: LATEST, else its parent, and so on (past a
+    checkpoint whose meta is unreadable: the newest other one by step). Returns the tag (None when
+    none passes) and the skipped ones with what was wrong."""
+    skipped: list[dict[str, str]] = []
+    tag, seen = latest_tag(paths), set()
+    while tag is not None and tag not in seen:
+        seen.add(tag)
+        problem = verify(paths, tag)
+        if not problem:
+            return tag, skipped
+        skipped.append({"tag": tag, "problem": problem})
+        try:
+            tag = read_meta(paths, tag).get("parent")
+        except (OSError, ValueError):
+            tag = _newest_other(paths, seen)
+    return None, skipped
+
+
+def _newest_other(paths: RunPaths, seen: set[str]) -> str | None:
+    tags = [p.name for p in paths.checkpoints.iterdir() if _TAG.match(p.name) and p.name not in seen]
+    return max(tags, key=lambda t: (step_of(t) or 0, t), default=None)
+
+
 def _finish(paths: RunPaths, tmp: Path, target: Path, tag: str, meta: dict[str, Any],
-            ledger: list[dict[str, Any]]) -> None:
+            ledger: list[dict[str, Any]], fence: Fence | None) -> None:
     with open(tmp / "ledger.jsonl", "w") as f:
         for entry in ledger:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
+    with open(tmp / "ledger.jsonl", "rb") as f:
+        meta["files"]["ledger.jsonl"] = [os.fstat(f.fileno()).st_size, _digest_file(f)]
     atomic_write_json(tmp / "meta.json", meta)
     fsync_dir(tmp)
-    if target.exists():  # from a crashed attempt that renamed but never flipped LATEST: not in the lineage
-        shutil.rmtree(target)
-    tmp.rename(target)
+    if fence is not None:
+        fence()
+    tmp.rename(target)  # the tag holds our generation: never another trainer's directory
     fsync_dir(paths.checkpoints)
-    atomic_write_text(paths.checkpoint_latest, tag + "\n")
+    if fence is not None:
+        fence()
+    write_latest(paths, tag, meta)
 
 
 def clean_temporaries(paths: RunPaths) -> None:
@@ -159,10 +284,12 @@ def clean_temporaries(paths: RunPaths) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def retain(paths: RunPaths, keep: int) -> None:
-    """Delete the engine state of lineage checkpoints older than the newest ``keep``."""
+def retain(paths: RunPaths, keep: int, fence: Fence | None = None) -> None:
+    """Delete the engine state of lineage checkpoints older than the newest ``max(keep, KEEP_MIN)``."""
+    if fence is not None:
+        fence()
     members = lineage(paths)
-    for meta in members[:-keep] if keep else members:
+    for meta in members[:-max(keep, KEEP_MIN)]:
         for sub in ("ds", "universal"):
             shutil.rmtree(paths.checkpoints / meta["tag"] / sub, ignore_errors=True)
 

@@ -7,9 +7,13 @@ stop) so all ranks run the same collectives. Order of operations per optimizer s
     feed tasks -> get batch (prefetched) -> plan + broadcast micro-batches -> train step
     -> mark trained -> publish (every N) -> metrics -> checkpoint + spool commit (every K)
 
-Resume (:meth:`Trainer.setup`): the newest checkpoint's engine state, RNG states and trainer state
-are restored; the spool is fenced (a stale predecessor can no longer commit) and ``recover`` commits
-the shards that checkpoint covers and returns every other claimed shard to ready. Versions published
+Resume (:meth:`Trainer.setup`): the newest checkpoint that matches its manifest is restored (engine
+state, RNG states, trainer state); a torn newer one is skipped, and after fencing the shards
+committed after it go back to ready (``Spool.uncommit``) and LATEST names the restored one. The
+spool is fenced (a stale predecessor can no longer commit) and ``recover`` commits the shards that
+checkpoint covers and returns every other claimed shard to ready. A trainer of an older generation
+writes nothing: the fence is checked (rank 0, broadcast) before every checkpoint and publish, and
+again before each LATEST flip and retention pass; it then stops with FencedError. Versions published
 after that checkpoint belong to discarded steps: the restored weights are published as a new version
 before any step trains (servers reload them), and samples with tokens of the discarded versions are
 dropped (``discarded_lineage``), never counted as fresh.
@@ -101,13 +105,17 @@ class Trainer:
         self.counters = Counters()  # idle time and throughput count from here, not from process start
 
     def _latest_meta(self) -> dict[str, Any] | None:
-        box: list[Any] = [None]
+        """The newest checkpoint that matches its manifest (rank 0 checks; torn ones are skipped and
+        remembered in ``self.skipped`` for the spool fall-back in :meth:`_setup_rank0`)."""
+        box: list[Any] = [None, []]
         if self.rank == 0:
             ckpt.clean_temporaries(self.paths)
-            tag = ckpt.latest_tag(self.paths)
+            tag, box[1] = ckpt.usable_latest(self.paths)
             if tag is not None:
                 box[0] = dict(ckpt.read_meta(self.paths, tag), tag=tag)
         tdist.broadcast_object_list(box, src=0)
+        self.skipped: list[dict[str, str]] = box[1]
+        self._parent: str | None = box[0]["tag"] if box[0] else None
         return box[0]
 
     def _needs_universal(self, meta: dict[str, Any]) -> bool:
@@ -133,7 +141,9 @@ class Trainer:
     def _setup_rank0(self, meta: dict[str, Any] | None) -> None:
         self.spool = Spool(self.paths.root, self.cfg.spool)
         self.generation = self.spool.fence(CONSUMER_ID)
-        self.recovered = self.spool.recover(CONSUMER_ID, meta["shards"] if meta else [])
+        uncommitted = self._fall_back(meta)
+        self.recovered = dict(self.spool.recover(CONSUMER_ID, meta["shards"] if meta else [],
+                                                 checkpoint=meta["tag"] if meta else ""), uncommitted=uncommitted)
         state = ConsumerState.from_json(meta["trainer_state"]["consumer"]) if meta else None
         self.consumer = Consumer(self.spool, CONSUMER_ID, self.cfg.algorithm, max_seq_len=self.cfg.trainer.max_seq_len,
                                  state=state)
@@ -141,10 +151,27 @@ class Trainer:
         from transformers import AutoConfig
 
         self.publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
-                                   self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies)
+                                   self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies,
+                                   generation=self.generation, fence=self._fence)
         self.metrics = MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}")
         self.metrics.log("trainer_start", step=self.step, generation=self.generation, recovered=self.recovered,
-                         world_size=self.world, resumed_from=meta["tag"] if meta else None)
+                         world_size=self.world, resumed_from=meta["tag"] if meta else None, skipped=self.skipped)
+
+    def _fence(self) -> None:
+        """Rank 0: FencedError when a newer trainer generation exists (this one must not write)."""
+        self.spool.check_fence(CONSUMER_ID)
+
+    def _fall_back(self, meta: dict[str, Any] | None) -> int:
+        """Rank 0, after fencing: checkpoints skipped as torn leave the lineage; the shards committed
+        after them go back to ready (trained again here), and LATEST names the one resumed from."""
+        if not self.skipped:
+            return 0
+        moved = self.spool.uncommit(CONSUMER_ID, [s["tag"] for s in self.skipped])
+        if meta is not None:
+            ckpt.write_latest(self.paths, meta["tag"], meta)
+        else:
+            self.paths.checkpoint_latest.unlink(missing_ok=True)
+        return moved
 
     def train_version(self, outstanding: bool) -> int:
         """The policy version of the weights that will train the batch being built: the published
@@ -282,6 +309,7 @@ class Trainer:
     def publish(self, *, wait: bool = False) -> Any:
         """Collective (ZeRO-3 gathers); rank 0 hands the weights to the background writer."""
         t0 = time.perf_counter()
+        ckpt.fence_collective(self._fence if self.rank == 0 else None)
         sd = self.engine.full_state_dict()
         if self.rank != 0:
             return None
@@ -325,19 +353,20 @@ class Trainer:
             with self.consumer.lock:
                 ledger, covered, state = self.consumer.take_checkpoint_delta()
             meta = self._meta(covered, state)
-        ckpt.save(self.engine, self.paths, self.step, meta, ledger)
+        tag = ckpt.save(self.engine, self.paths, self.step, meta, ledger, fence=self._fence if self.rank == 0 else None)
+        self._parent = tag
         if self.rank == 0:
             from train_node.trainer.faults import fault_point
 
             fault_point("after_checkpoint")
-            committed = self.spool.commit(CONSUMER_ID, covered)
-            ckpt.retain(self.paths, self.cfg.trainer.keep_checkpoints)
+            committed = self.spool.commit(CONSUMER_ID, covered, checkpoint=tag)
+            ckpt.retain(self.paths, self.cfg.trainer.keep_checkpoints, fence=self._fence)
             self.metrics.log("checkpoint", step=self.step, seconds=time.perf_counter() - t0, shards=len(covered),
                              committed=committed, ledger=len(ledger))
 
     def _meta(self, covered: list[str], state: dict[str, Any]) -> dict[str, Any]:
         return {
-            "step": self.step, "policy_version": self.publisher.version, "parent": ckpt.latest_tag(self.paths),
+            "step": self.step, "policy_version": self.publisher.version, "parent": self._parent,
             "shards": covered, "fence_generation": self.generation, "world_size": self.world,
             "zero_stage": self.cfg.trainer.zero_stage, "precision": self.cfg.trainer.precision,
             "trainer_state": {"consumer": state, "feeder": self.feeder.to_json() if self.feeder else {}},

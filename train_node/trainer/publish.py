@@ -1,9 +1,19 @@
 """Publishing policy weights for the inference servers: ``RUN/policy/vNNNNNN/`` + ``RUN/policy/LATEST``.
 
+Layout: the weights of version N written by the trainer of fencing generation G live in
+``vNNNNNN-gG/``; ``vNNNNNN`` (what servers open) is a relative symlink to it. Policies of runs
+before generations were named are plain ``vNNNNNN/`` directories and stay readable.
+
 Guarantees:
 - A version directory appears complete or not at all: files go into a dot-prefixed temporary
-  sibling, are fsynced, and the directory is renamed into place. ``LATEST`` (the single source of
-  truth for the current version) is written atomically, after the rename.
+  sibling, are fsynced, and the directory is renamed into place; then the ``vNNNNNN`` link is
+  made. ``LATEST`` (the single source of truth for the current version) is written atomically,
+  after the link.
+- Fencing: with a ``fence`` (the spool's generation check) a stale trainer publishes nothing: it
+  is checked before the write, before the link, before LATEST and before retention (FencedError).
+  Two trainers never write the same directory (the generation is in its name); the link is taken
+  without replacing (``symlink`` fails on an existing name), and only a trainer that passes the
+  fence check replaces a link an older generation made.
 - Versions only grow: a new publisher starts at (highest version directory or LATEST) + 1, so a
   crash between rename and LATEST wastes a number instead of reusing it.
 - Weights only: HF ``model.safetensors`` (tied weights stored once), ``config.json``, and the
@@ -21,6 +31,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +43,7 @@ from hpc.paths import RunPaths
 from train_node.trainer.faults import fault_point
 
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
+_GEN_DIR = re.compile(r"^v(\d{6,})-g(\d+)$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
 
@@ -39,7 +51,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def published_versions(paths: RunPaths) -> list[int]:
     if not paths.policy.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in paths.policy.iterdir() if (m := _VERSION_DIR.match(p.name)))
+    names = [p.name for p in paths.policy.iterdir()]
+    return sorted({int(m.group(1)) for n in names if (m := _VERSION_DIR.match(n) or _GEN_DIR.match(n))})
 
 
 def latest_version(paths: RunPaths) -> int | None:
@@ -59,6 +72,34 @@ def clean_temporaries(paths: RunPaths) -> None:
     if paths.policy.is_dir():
         for p in paths.policy.glob(".tmp-v*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def link_version(paths: RunPaths, version: int, target: Path, fence: Callable[[], object] | None) -> None:
+    """Point ``vNNNNNN`` at ``target`` (a sibling): taken without replacing; an existing link is
+    replaced only after the fence check passes (it was made by an older generation)."""
+    link = paths.policy_version(version)
+    if fence is not None:
+        fence()
+    try:
+        os.symlink(target.name, link)
+    except FileExistsError:
+        tmp = tmp_name(link)
+        os.symlink(target.name, tmp)
+        os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
+    fsync_dir(paths.policy)
+
+
+def remove_version(paths: RunPaths, version: int) -> None:
+    """Delete version ``version``: the link and the directory it names, or a plain directory."""
+    link = paths.policy_version(version)
+    if link.is_symlink():
+        target = paths.policy / os.readlink(link)
+        link.unlink(missing_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        shutil.rmtree(link, ignore_errors=True)
+    for p in paths.policy.glob(f"{link.name}-g*"):  # written but never linked (a fenced trainer)
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def write_policy_dir(target: Path, state_dict: dict[str, torch.Tensor], config: Any, tokenizer_dir: Path | None) -> None:
@@ -108,6 +149,8 @@ class Publisher:
     tokenizer_dir: Path | None
     keep: int = 3
     background: bool = True
+    generation: int = 0  # the trainer's fencing generation: part of every directory name
+    fence: Callable[[], object] | None = None  # raises FencedError when a newer trainer exists
     version: int = field(init=False)
     _thread: threading.Thread | None = field(init=False, default=None)
     _error: BaseException | None = field(init=False, default=None)
@@ -122,6 +165,8 @@ class Publisher:
     def publish(self, state_dict: dict[str, torch.Tensor], copy_s: float = 0.0) -> PublishStats:
         t0 = time.perf_counter()
         self.wait()
+        if self.fence is not None:
+            self.fence()
         self.version += 1
         stats = PublishStats(version=self.version, copy_s=copy_s, wait_s=time.perf_counter() - t0)
         if self.background:
@@ -137,10 +182,15 @@ class Publisher:
     def _run(self, version: int, state_dict: dict[str, torch.Tensor], stats: PublishStats) -> None:
         t0 = time.perf_counter()
         try:
-            target = self.paths.policy_version(version)
-            if target.exists():  # a leftover from a crash after rename but before LATEST
+            name = self.paths.policy_version(version).name + (f"-g{self.generation}" if self.generation else "")
+            target = self.paths.policy / name
+            if target.exists():  # a leftover of this generation (never linked)
                 shutil.rmtree(target)
             write_policy_dir(target, state_dict, self.config, self.tokenizer_dir)
+            if self.generation:
+                link_version(self.paths, version, target, self.fence)
+            if self.fence is not None:
+                self.fence()
             atomic_write_text(self.paths.policy_latest, f"{version}\n")
             self._retain(version)
         except BaseException as exc:  # surfaced on the main thread by wait()
@@ -149,9 +199,11 @@ class Publisher:
         self.completed = stats
 
     def _retain(self, current: int) -> None:
+        if self.fence is not None:
+            self.fence()
         for v in published_versions(self.paths):
             if v <= current - self.keep:
-                shutil.rmtree(self.paths.policy_version(v), ignore_errors=True)
+                remove_version(self.paths, v)
 
     def wait(self) -> None:
         if self._thread is not None:
