@@ -241,8 +241,9 @@ class FrontDoor:
                                     f"cancelled{held}"))
 
     def _answer(self, job: Job, traj: Trajectory) -> None:
-        node = {"node": job.holders[-1] if job.holders else None, "attempt": traj.attempt,
-                "previous_nodes": job.holders[:-1]}
+        writer = str(traj.metrics.get("node") or (job.holders[-1] if job.holders else ""))
+        node = {"node": writer or None, "attempt": traj.attempt,
+                "previous_nodes": [h for h in dict.fromkeys(job.holders) if h != writer]}
         if traj.attempt > 0:
             log.warning("job %s ran %d times (lease lost by %s)", job.job_id, traj.attempt + 1, node["previous_nodes"])
             self.counts["rerun_after_lost_lease"] += 1

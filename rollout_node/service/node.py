@@ -19,9 +19,10 @@ from rollout_node.pipeline.node import NodeOptions, RolloutNode
 
 
 class ServiceNode(RolloutNode):
-    """``RolloutNode`` that records the diff it evaluated (ProRL's ``git_patch``)."""
+    """``RolloutNode`` that records the diff it evaluated (ProRL's ``git_patch``) and its worker id."""
 
     def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
+        ep.metrics["node"] = self.worker_id
         if ep.diff:
             ep.metrics["git_patch"] = ep.diff
         super()._complete(ep, status, reward)

@@ -56,7 +56,8 @@ class NullTask:
 class NullOps:
     def parse(self, task: Mapping[str, Any]) -> NullTask:
         inner = task.get("instance") or {}
-        return NullTask(str(inner.get("instance_id", task.get("instance_id", task["task_id"]))))
+        return NullTask(str(inner.get("instance_id", task.get("instance_id", task["task_id"]))),
+                        str(inner.get("problem_statement", "fix it")))
 
     def image(self, task: Any) -> str:
         return ""
