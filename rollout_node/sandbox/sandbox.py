@@ -150,7 +150,9 @@ class Sandbox:
 
     def submit(self, repo: str = ".", *, timeout_s: float = 120.0) -> ToolResult:
         """The agent is done: the diff of ``repo`` (relative to /work) against HEAD becomes ``submission``."""
-        script = (f"cd {shlex.quote(repo)} && git add -A -- . ':(exclude){CTL_DIR}' && "
+        # add everything, then take the control dir back out: an ':(exclude)' pathspec would make git
+        # fail when the dir is also in info/exclude (as INIT writes it)
+        script = (f"cd {shlex.quote(repo)} && git add -A -- . && git reset -q -- {shlex.quote(CTL_DIR)} && "
                   "git -c core.quotepath=off diff --cached --binary HEAD")
         result = self.exec(["bash", "-c", script], timeout_s=timeout_s, keep=SUBMIT_KEEP)
         if result.exit_code == 0 and not result.truncated:

@@ -192,3 +192,18 @@ def test_cli_exec_runs_argv_exactly(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         result = json.loads(proc.stdout)
         assert (result["output"], result["exit_code"]) == (want, 0), argv
+
+
+@pytest.mark.parametrize("excluded", [True, False])
+def test_submit_of_the_work_dir_leaves_out_the_control_dir(sb: Sandbox, excluded: bool) -> None:
+    """The work dir is the repo (as INIT makes it), with the sandbox's control dir inside it, listed in
+    .git/info/exclude (INIT's junk patterns) or not (an agent removed the line): submit works and the
+    diff never carries control files."""
+    sb.run("git init -q . && git config user.email a@b && git config user.name a && echo one > f.txt && "
+           "git add f.txt && git commit -qm init")
+    if excluded:
+        sb.run("echo '.spoolrl/' >> .git/info/exclude")
+    sb.create("f.txt", "two\n", overwrite=True)
+    r = sb.submit(".")
+    assert r.exit_code == 0, r.output
+    assert "-one\n+two" in r.output and ".spoolrl" not in r.output

@@ -114,3 +114,26 @@ def test_staleness_is_judged_at_the_version_that_trains_the_batch(tmp_path: Path
     assert sorted(e["outcome"] for e in ledger).count("trained") == 8
     assert {e.get("reason") for e in ledger if e["outcome"] == "dropped"} == {"stale"}
     assert len(ledger) == 6 * 4
+
+
+def test_a_fresh_trainer_replaces_policies_of_a_lineage_that_never_checkpointed(tmp_path: Path) -> None:
+    """A predecessor published v1, v2 but left no checkpoint: the new trainer starts from the initial
+    weights, so it publishes those as a new version before training and marks v1-v2 discarded."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 10, "keep_policies": 10})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(4))
+    assert _trainer(paths.root, cfg).run() == 0
+    assert paths.policy_latest.read_text().strip() == "2"
+    shutil.rmtree(paths.root / "checkpoints")
+    (paths.root / "checkpoints").mkdir()
+    t = _trainer(paths.root, cfg, max_idle_s=0.5)
+    assert t.run() == 0
+    assert paths.policy_latest.read_text().strip() == "3"
+    initial, restored = load_file(str(paths.policy_version(0) / "model.safetensors")), \
+        load_file(str(paths.policy_version(3) / "model.safetensors"))
+    assert all(np.array_equal(initial[k], restored[k]) for k in initial)
+    assert [r["versions"] for r in read_metrics(paths.root, "lineage_discarded")] == [[1, 2]]

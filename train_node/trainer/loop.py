@@ -191,15 +191,18 @@ class Trainer:
     def _discard_lost_versions(self, meta: dict[str, Any] | None) -> bool:
         """Rank 0, on resume: versions published after the restored checkpoint came from steps that are
         now discarded. Their samples are not this lineage's (dropped as ``discarded_lineage``), and the
-        servers must serve the restored weights: returns True when those must be published now."""
+        servers must serve the restored weights: returns True when those must be published now.
+        Without a checkpoint the restored weights are the initial ones, version 0 (a predecessor that
+        published steps but never checkpointed leaves only discarded versions behind)."""
         latest = latest_version(self.paths)
-        if meta is None or latest is None:
-            return latest is None
-        restored = int(meta.get("policy_version", latest))
+        if latest is None:
+            return True
+        restored = int(meta.get("policy_version", latest)) if meta is not None else 0
         if latest <= restored:
             return False
         self.consumer.state.discarded_versions.append((restored + 1, latest))
-        self.metrics.log("lineage_discarded", versions=[restored + 1, latest], resumed_from=meta["tag"])
+        self.metrics.log("lineage_discarded", versions=[restored + 1, latest],
+                         resumed_from=meta["tag"] if meta is not None else None)
         return True
 
     def _publish_initial(self, meta: dict[str, Any] | None) -> None:
