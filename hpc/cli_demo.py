@@ -8,7 +8,7 @@ from typing import Any
 
 from hpc.cli_util import add_run_arg, print_json
 
-DEFAULT_STEPS = 30  # = hpc.demo.DEFAULT_STEPS (hpc.demo is imported only when the verb runs)
+DEFAULT_STEPS = 20  # = hpc.demo.DEFAULT_STEPS (hpc.demo is imported only when the verb runs)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ DEMO_OVERRIDES = (
 )
 ROLES = ("infer-node", "rollout-node", "train-node")
 JSON_EVERY_S = 5.0
-DEFAULT_STEPS = 30
+DEFAULT_STEPS = 20
 FIRST_STEPS, LAST_STEPS = 3, 5  # the summary's first-vs-last reward
 
 
