@@ -49,17 +49,17 @@ def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
     return shlex.join(["spoolrl", "init", *config, str(run_dir), *overrides])  # RUN next to the overrides (argparse)
 
 
-def _render_jobs(config: RunConfig, run_dir: Path, source: str) -> list[RenderedJob]:
-    from hpc.render import render
+def _render_jobs(config: RunConfig, run_dir: Path, source: str, service: bool = False) -> list[RenderedJob]:
+    from hpc.render import render, render_service
 
-    return render(config, run_dir, source=source)
+    return [render_service(config, run_dir, source=source)] if service else render(config, run_dir, source=source)
 
 
 def _render(args: argparse.Namespace) -> int:
     from hpc.render import joined_text
 
     config, run_dir, source = _resolve(args)
-    jobs = _render_jobs(config, run_dir, source)
+    jobs = _render_jobs(config, run_dir, source, args.service)
     if args.output is None:
         sys.stdout.write(joined_text(jobs))
     else:
@@ -84,7 +84,7 @@ def _launch(args: argparse.Namespace) -> int:
     from hpc.render import joined_text
 
     config, run_dir, source = _resolve(args)
-    jobs = _render_jobs(config, run_dir, source)
+    jobs = _render_jobs(config, run_dir, source, args.service)
     if args.dry_run:
         sys.stdout.write(joined_text(jobs))
         return 0
@@ -173,6 +173,10 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVICE_HELP = ("only the rollout-only service job (slurm.rollout nodes): spoolrl rollout-server, whose URL and "
+                "token file land in RUN/endpoints/rollout-server.json")
+
+
 def register(sub: tp.Any) -> None:
     p = sub.add_parser("render", help="write the sbatch script(s) of a run",
                        description="Render the heterogeneous batch script (or one per role with "
@@ -182,6 +186,7 @@ def register(sub: tp.Any) -> None:
                    "given as a bare positional")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout "
                    "(separate mode: FILE-<role>)")
+    p.add_argument("--service", action="store_true", help=SERVICE_HELP)
     p.set_defaults(func=_render)
 
     p = sub.add_parser("launch", help="create the run directory and submit its job(s)",
@@ -190,6 +195,7 @@ def register(sub: tp.Any) -> None:
     add_config_args(p)
     p.add_argument("--run", metavar="RUN", help="run directory (default ./runs/<run.name>)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted (= 'spoolrl render')")
+    p.add_argument("--service", action="store_true", help=SERVICE_HELP)
     p.set_defaults(func=_launch)
 
     p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run")

@@ -35,7 +35,10 @@ from hpc.rundir import config_digest
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 JOB_TEMPLATE = "job.sbatch.tmpl"
-ROLE_VERBS = {"train": "train-node", "infer": "infer-node", "rollout": "rollout-node"}
+# "service": the rollout-only job behind one URL (rollout-server: task 0 serves and writes
+# RUN/endpoints/rollout-server.json with its URL and token file; the other tasks are its nodes).
+ROLE_VERBS = {"train": "train-node", "infer": "infer-node", "rollout": "rollout-node",
+              "service": "rollout-server --host 0.0.0.0 --port 0 --run"}
 CRITICAL_ROLES = ("train", "infer")
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -259,6 +262,12 @@ def render_scale(config: RunConfig, run_dir: str | Path, num_nodes: int, *, sour
 
     group = Group("rollout", 0, replace(config.slurm.rollout, nodes=num_nodes))
     return render_script(config, run_dir, [group], name="rollout", source=source)
+
+
+def render_service(config: RunConfig, run_dir: str | Path, *, source: str = "run.yaml") -> RenderedJob:
+    """The rollout-only service job: ``slurm.rollout`` nodes running ``spoolrl rollout-server``."""
+    group = Group("service", 0, config.slurm.rollout)
+    return render_script(config, run_dir, [group], name="service", source=source)
 
 
 def joined_text(jobs: list[RenderedJob]) -> str:

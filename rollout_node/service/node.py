@@ -46,13 +46,8 @@ def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any =
 
 
 def make_service_policy(paths: Any, config: Any) -> Any:
-    """The LLM agent with least-assigned balancing over RUN/endpoints (backends the API registers)."""
-    from rollout_node.agent.client import RetryPolicy
-    from rollout_node.agent.endpoints import EndpointDirectory
+    """The LLM agent with least-assigned balancing over RUN/endpoints (backends the API registers);
+    requests carry the run secret as every run-dir client's do (``InferenceClient.from_config``)."""
     from rollout_node.service.policy import LeastAssignedClient, ServicePolicy
 
-    inf = config.inference
-    client = LeastAssignedClient(EndpointDirectory(paths.endpoints), request_timeout_s=inf.request_timeout_s,
-                                 retry=RetryPolicy(max_retries=inf.max_retries),
-                                 max_concurrent_per_server=inf.max_concurrent_per_server)
-    return ServicePolicy(paths, config, client=client)
+    return ServicePolicy(paths, config, client=LeastAssignedClient.from_config(config.inference, run_dir=paths.root))

@@ -115,7 +115,8 @@ def test_200_simultaneous_process_calls_token_exact(tmp_path: Path, model: Path)
     assert sorted(r["job_id"] for _, r in results) == sorted(f"job-{i}" for i in range(N))
     assert all(r["status"] == "ok" and r["resolved"] and r["git_patch"] == DIFF for _, r in results)
     assert {r["node"].split(".")[0] for _, r in results} == {"n0", "n1"}  # one URL, work on both nodes
-    assert extra_threads <= 16, extra_threads  # 200 blocked /process calls, no thread each
+    # a thread per blocked /process would add >= 200; what is added is executors (DNS, spool I/O)
+    assert extra_threads < N // 4, extra_threads
     produced = {tuple(json.loads(line)["prompt"]): json.loads(line)["token_ids"] for line in record.read_text().splitlines()}
     assert len(produced) == N  # distinct problems -> distinct prompts, one completion each
     for _, r in results:

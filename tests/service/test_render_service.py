@@ -1,0 +1,52 @@
+"""The rollout-only service job (``spoolrl render --service``): golden text, ``bash -n`` and
+shellcheck clean with a nasty run path, and the step runs ``rollout-server`` on every task."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpc.cli import main
+from hpc.config import load_config
+from hpc.render import render_service
+
+GOLDEN = Path(__file__).parent / "golden" / "service.sbatch"
+NASTY_RUN = "/shared/runs/my run \"quoted\" it's 100% #1"
+OVERRIDES = ["slurm.rollout.nodes=3", "slurm.rollout.ntasks_per_node=2", "slurm.rollout.python=/opt/my env/bin/python3"]
+
+
+def _text() -> str:
+    return render_service(load_config(None, OVERRIDES), NASTY_RUN, source="run.yaml").text
+
+
+def test_golden_service_job() -> None:
+    if os.environ.get("SPOOLRL_UPDATE_GOLDEN"):
+        GOLDEN.write_text(_text())
+    assert _text() == GOLDEN.read_text(), "render differs; if intended: SPOOLRL_UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_service_job_is_clean_shell(tmp_path: Path) -> None:
+    path = tmp_path / "service.sbatch"
+    path.write_text(_text())
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed (apt-get install shellcheck)")
+    out = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_service_job_shape() -> None:
+    text = _text()
+    assert "#SBATCH hetjob" not in text and "--ntasks=6" in text and "ROLES=(service)" in text
+    assert "rollout-server --host 0.0.0.0 --port 0 --run \"$SPOOLRL_RUN\"" in text
+    assert "rollout-node" not in text.split("ROLES=(service)", 1)[1].split("# Contract", 1)[0]
+
+
+def test_render_cli_service_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["render", "--service", "--run", str(tmp_path / "r"), *OVERRIDES]) == 0
+    out = capsys.readouterr().out
+    assert "spoolrl-service" in out and "rollout-server" in out and "train-node" not in out.split("# Contract")[0]
