@@ -207,8 +207,21 @@ class Engine:
         return applied
 
     def swap(self, loaded: LoadedModel, timeout_s: float | None = None) -> bool:
-        """Stage a fully loaded model; returns once it serves (True) or on timeout (False)."""
-        return self.stage(loaded).wait(timeout_s)
+        """Stage a fully loaded model; returns once it serves (True), or False on timeout, in which case
+        it was withdrawn and never serves (the version reported stays the one that serves)."""
+        applied = self.stage(loaded)
+        if applied.wait(timeout_s) or not self._withdraw(applied):
+            applied.wait()  # taken by the scheduler meanwhile: it serves once the event fires
+            return True
+        return False
+
+    def _withdraw(self, applied: threading.Event) -> bool:
+        """Unstage the model behind ``applied`` if the scheduler has not taken it yet."""
+        with self._wake:
+            if self._staged is not None and self._staged[1] is applied:
+                self._staged = None
+                return True
+        return False
 
     def close(self) -> None:
         with self._wake:

@@ -7,12 +7,15 @@ What it does (torch-free; the CPU engine runs in child processes):
   initial model (version 0).
 - Advertises each healthy server in ``RUN/endpoints/infer-<host>-<i>.json`` (atomic writes):
   ``{"url", "version", "heartbeat", "role": "infer", "engine", "host", "index", "pid", "server_pid",
-  "model"}`` (``pid``: the infer-node; ``model``: the served model name);
+  "model", "loading"}`` (``pid``: the infer-node; ``model``: the served model name; ``loading``: the
+  version a reload in progress reads, else null); while a server starts, ``loading-<host>-<i>.json``
+  names the version it loads (:mod:`train_node.infer.pins`: the trainer's retention keeps both);
   the heartbeat counter grows every ``heartbeat_s`` while the server answers ``/health``. A server
   that is down has no endpoint file.
 - Watches ``RUN/policy/LATEST`` and pushes each new version into every running server (in
   parallel) through the :mod:`~train_node.infer.weights` seam; the endpoint file's ``version``
-  changes only after the server confirmed the swap.
+  changes only after the server confirmed the swap. After a failed reload it is the version the
+  server reports it serves (``served_version``); a server that cannot say is restarted.
 - Restarts a server whose process died, that did not become healthy within
   ``server_start_timeout_s``, or that failed 3 health checks in a row; gives up (exit 1) after
   ``max_restarts`` restarts in a row that never became healthy.
@@ -40,6 +43,7 @@ from hpc.fsutil import atomic_write_json
 from hpc.metrics import MetricsWriter
 from hpc.paths import RunPaths
 from hpc.slurm_env import SlurmEnv
+from train_node.infer.pins import loading_pin
 from train_node.infer.servers import SERVED_MODEL_NAME, CpuServer, ServerSpec, VllmServer
 from train_node.infer.weights import DiskReload, PolicyRef, RunDirPolicySource, WeightTransport
 
@@ -57,6 +61,7 @@ class Server(Protocol):
     @property
     def pid(self) -> int | None: ...
     def reload(self, path: Path, version: int) -> None: ...
+    def served_version(self) -> int | None: ...
     def stop(self) -> None: ...
 
 
@@ -67,8 +72,10 @@ class Slot:
     index: int
     server: Server
     endpoint: Path
+    pin: Path  # loading-<host>-<i>.json while the server starts (see train_node.infer.pins)
     up: bool = False
     version: int = 0
+    loading: int | None = None
     started_at: float = 0.0
     heartbeat: int = 0
     restarts: int = 0
@@ -76,6 +83,7 @@ class Slot:
     restart_at: float = 0.0
     push_after: float = 0.0
     pushing: bool = False
+    doubt: str = ""  # set by a failed push whose server cannot say what it serves
 
 
 def interface_address(name: str) -> str:
@@ -136,7 +144,8 @@ class InferNode:
                  process_name: str, transport: WeightTransport | None = None) -> None:
         """``servers``: global server index -> server (the index names its endpoint file)."""
         self.paths, self.cfg, self.host = paths, cfg, host
-        self.slots = [Slot(i, s, paths.endpoints / f"infer-{host}-{i}.json") for i, s in servers.items()]
+        self.slots = [Slot(i, s, paths.endpoints / f"infer-{host}-{i}.json", loading_pin(paths.endpoints, host, i))
+                      for i, s in servers.items()]
         self.source = RunDirPolicySource(paths.root)
         self.transport = transport or DiskReload()
         self.metrics = MetricsWriter(paths.root, process_name)
@@ -173,6 +182,8 @@ class InferNode:
 
     def _start(self, slot: Slot) -> None:
         ref = self.current_policy()
+        atomic_write_json(slot.pin, {"role": "loading", "loading": ref.version, "host": self.host,
+                                     "index": slot.index, "pid": os.getpid()}, fsync=False)
         slot.server.start(ref.path, ref.version)
         slot.version, slot.up, slot.bad_checks = ref.version, False, 0
         slot.started_at = time.monotonic()
@@ -187,12 +198,16 @@ class InferNode:
             return
         if not slot.server.alive():
             return self._down(slot, "process exited")
+        if slot.doubt:
+            reason, slot.doubt = slot.doubt, ""
+            return self._down(slot, reason)
         if not slot.up:
             if slot.server.healthy():
                 slot.up, slot.restarts = True, 0
                 self.metrics.log("server_up", index=slot.index, url=slot.server.url, version=slot.version,
                                  start_s=round(now - slot.started_at, 2))
                 self._advertise(slot)
+                slot.pin.unlink(missing_ok=True)
             elif now - slot.started_at > inf.server_start_timeout_s:
                 self._down(slot, f"not healthy after {inf.server_start_timeout_s:g} s")
 
@@ -201,6 +216,7 @@ class InferNode:
             slot.up = False
             slot.endpoint.unlink(missing_ok=True)
         slot.server.stop()
+        slot.pin.unlink(missing_ok=True)
         slot.restarts += 1
         self.metrics.log("server_down", index=slot.index, reason=reason, restarts=slot.restarts)
         if slot.restarts > self.cfg.inference.max_restarts:
@@ -231,7 +247,7 @@ class InferNode:
         atomic_write_json(slot.endpoint, {
             "url": slot.server.url, "version": slot.version, "heartbeat": slot.heartbeat, "role": "infer",
             "engine": slot.server.engine, "host": self.host, "index": slot.index, "pid": os.getpid(),
-            "model": SERVED_MODEL_NAME, "server_pid": slot.server.pid,
+            "model": SERVED_MODEL_NAME, "server_pid": slot.server.pid, "loading": slot.loading,
         }, fsync=False)
 
     # --- policy updates ----------------------------------------------------------------------------
@@ -248,17 +264,30 @@ class InferNode:
 
     def _push(self, slot: Slot, ref: PolicyRef) -> None:
         t0 = time.monotonic()
+        slot.loading = ref.version
+        self._advertise(slot)  # retention keeps the version being read (and the one served) on disk
         try:
             self.transport.push(slot.server, ref)
         except Exception as exc:
             slot.push_after = time.monotonic() + 5 * self.cfg.inference.policy_poll_s
-            self.metrics.log("reload_failed", index=slot.index, version=ref.version, error=str(exc)[:500])
+            self._after_failed_push(slot, ref, exc)
             return
         finally:
-            slot.pushing = False
+            slot.pushing, slot.loading = False, None
         slot.version = ref.version
         self._advertise(slot)
         self.metrics.log("reload", index=slot.index, version=ref.version, seconds=round(time.monotonic() - t0, 3))
+
+    def _after_failed_push(self, slot: Slot, ref: PolicyRef, exc: Exception) -> None:
+        """Advertise the version the server reports it serves; a server that cannot say is restarted."""
+        actual = slot.server.served_version()
+        self.metrics.log("reload_failed", index=slot.index, version=ref.version, serving=actual,
+                         error=str(exc)[:500])
+        if actual is None:  # the supervision loop restarts it (pushes run on pool threads)
+            slot.doubt = f"weights unknown after a failed reload to version {ref.version}"
+            return
+        slot.version, slot.loading = actual, None
+        self._advertise(slot)
 
     def shutdown(self) -> None:
         with self._write_lock:
@@ -267,6 +296,7 @@ class InferNode:
                 slot.endpoint.unlink(missing_ok=True)
         for slot in self.slots:
             slot.server.stop()
+            slot.pin.unlink(missing_ok=True)
         self._pool.shutdown(wait=False)
         self.metrics.log("node_stop")
 

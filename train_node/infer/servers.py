@@ -1,7 +1,8 @@
 """Handles on one inference server process each: the CPU engine or vLLM behind its proxy (torch-free).
 
 Both handles expose the same small surface to the node supervisor: ``start(model, version)``,
-``alive()``, ``healthy()``, ``url``, ``reload(path, version)``, ``stop()``.
+``alive()``, ``healthy()``, ``url``, ``reload(path, version)``, ``served_version()`` (what the
+server itself says it serves, None if it cannot say), ``stop()``.
 
 Guarantees:
 - Each server runs in its own session (process group); ``stop`` sends SIGTERM to the whole group,
@@ -16,6 +17,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -170,6 +172,18 @@ class CpuServer:
         if status != 200:
             raise RuntimeError(f"reload to version {version} failed ({status}): {data[:300]!r}")
 
+    def served_version(self) -> int | None:
+        """The version the engine serves (its ``/weight_info``), None if it does not answer."""
+        if self._local_url is None:
+            return None
+        secret = self.spec.secret_file.read_text().strip()
+        try:
+            status, data = Upstream(self._local_url).call("GET", "/weight_info", timeout=30.0,
+                                                          headers={"Authorization": f"Bearer {secret}"})
+            return int(json.loads(data)["version"]) if status == 200 else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def stop(self) -> None:
         self._proc.stop()
         if self._dir is not None:
@@ -247,6 +261,11 @@ class VllmServer:
     def reload(self, path: Path, version: int) -> None:
         assert self._proxy is not None
         self._proxy.reload(str(path), version)
+
+    def served_version(self) -> int | None:
+        """The proxy's version (restored after a failed reload), None when the weights are in doubt."""
+        proxy = self._proxy
+        return proxy.version if proxy is not None and proxy.broken is None else None
 
     def stop(self) -> None:
         self._proc.stop()

@@ -21,7 +21,8 @@ Guarantees:
 - Writing happens on a background thread; ``publish`` returns once the weights are copied to CPU.
   At most one write is in flight: a second ``publish`` waits for the first (reported as
   ``wait_s``), so memory stays bounded at one CPU copy of the weights.
-- Retention keeps the newest ``keep`` versions; the one LATEST names is never removed.
+- Retention keeps the newest ``keep`` versions; the one LATEST names is never removed, nor one an
+  inference server serves or is loading (its endpoint files say so: :mod:`train_node.infer.pins`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 
 from hpc.fsutil import atomic_write_text, fsync_dir, tmp_name
 from hpc.paths import RunPaths
+from train_node.infer.pins import versions_in_use
 from train_node.trainer.faults import fault_point
 
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
@@ -201,8 +203,9 @@ class Publisher:
     def _retain(self, current: int) -> None:
         if self.fence is not None:
             self.fence()
+        in_use = versions_in_use(self.paths.endpoints)  # served or being loaded by an inference server
         for v in published_versions(self.paths):
-            if v <= current - self.keep:
+            if v <= current - self.keep and v not in in_use:
                 remove_version(self.paths, v)
 
     def wait(self) -> None:
