@@ -8,9 +8,11 @@ Guarantees:
   (bwrap, apptainer) the kernel counts RLIMIT_NPROC per (user namespace, uid), i.e. per sandbox,
   not per node user; the local runtime gets no process limit from rlimits (it would count every
   process of the uid) and relies on the watchdog alone.
-- One watchdog thread per node process scans /proc every ``interval_s`` (0.2 s), sums the
-  resident anonymous memory and counts the tasks (processes and threads, as RLIMIT_NPROC does)
-  of each registered sandbox's process tree,
+- One watchdog thread per node process scans /proc every ``interval_s`` (0.2 s), sums the memory
+  of each registered sandbox (:func:`sandbox_memory`: anonymous and shared memory its processes map,
+  i.e. MAP_SHARED, memfd, SysV shm, from ``Pss_Anon + Pss_Shmem``; memfds held open but unmapped;
+  the contents of the tmpfs mounts of its own mount namespace, ``/tmp``, ``/dev/shm`` included) and
+  counts the tasks (processes and threads, as RLIMIT_NPROC does) of its process tree,
   and kills a tree that exceeds ``mem_bytes`` or ``max_procs``; the owner learns why through
   :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
   past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
@@ -19,6 +21,8 @@ Guarantees:
   restarts back off (0.5 s doubling to 5 s) so a kill/restart loop cannot become a steady load.
   As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): root gets a cgroup-v1 pids
   group per sandbox instead (:class:`PidsCgroup`).
+- Not counted: SysV segments no process has attached, and tmpfs of a runtime that shares the
+  node's mount namespace (``local``). A tmpfs file that is also mapped counts twice (on the safe side).
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
 """
 
@@ -162,6 +166,82 @@ def descendants(roots: Iterable[int], table: dict[int, int] | None = None) -> li
         out.extend(children.get(out[i], ()))
         i += 1
     return out
+
+
+def resident_bytes(pid: int) -> int:
+    """Anonymous plus shared-memory pages a process maps (``Pss_Anon + Pss_Shmem`` of smaps_rollup:
+    MAP_SHARED anonymous memory, mapped memfds and SysV segments, shared pages split between their
+    users); statm's resident - shared where smaps_rollup lacks those fields; 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            text = f.read()
+    except OSError:
+        return anon_rss(pid)
+    fields = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition(b":")
+        if name in (b"Pss_Anon", b"Pss_Shmem"):
+            fields[name] = int(rest.split()[0]) * 1024
+    return sum(fields.values()) if len(fields) == 2 else anon_rss(pid)
+
+
+def memfd_bytes(pids: Iterable[int]) -> int:
+    """Pages held by memfds the processes have open (each file once, mapped or not)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"{fd_dir}/{fd}").startswith("/memfd:"):
+                    continue
+                st = os.stat(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def tmpfs_bytes(pids: Iterable[int]) -> int:
+    """Bytes stored in the tmpfs mounts (``/tmp``, ``/dev`` with ``/dev/shm``, ...) of the first mount
+    namespace among ``pids`` that is not the node's own (a tmpfs there is the sandbox's alone); else 0."""
+    own = os.readlink("/proc/self/ns/mnt")
+    for pid in pids:
+        try:
+            if os.readlink(f"/proc/{pid}/ns/mnt") == own:
+                continue
+            with open(f"/proc/{pid}/mountinfo", "rb") as f:
+                return _tmpfs_used(pid, f.read().splitlines())
+        except OSError:
+            continue
+    return 0
+
+
+def _tmpfs_used(pid: int, mountinfo: list[bytes]) -> int:
+    total = 0
+    for line in mountinfo:
+        pre, _, post = line.partition(b" - ")
+        if not post.startswith(b"tmpfs "):
+            continue
+        mountpoint = pre.split()[4].decode(errors="replace").replace("\\040", " ")
+        try:
+            st = os.statvfs(f"/proc/{pid}/root{mountpoint}")
+        except OSError:
+            continue
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total
+
+
+def sandbox_memory(pids: list[int]) -> int:
+    """What one sandbox holds in RAM: mapped anonymous + shared memory of its processes, its open
+    memfds, and the contents of the tmpfs mounts of its own mount namespace."""
+    return sum(resident_bytes(p) for p in pids) + memfd_bytes(pids) + tmpfs_bytes(pids)
 
 
 def anon_rss(pid: int) -> int:
@@ -317,7 +397,7 @@ class Watchdog:
         table = _ppid_table(threads)
         for _key, w, roots in items:
             pids = descendants(roots, table)
-            mem = sum(anon_rss(p) for p in pids)
+            mem = sandbox_memory(pids)
             # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
             tasks = sum(threads.get(p, 1) for p in pids)
             w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
