@@ -61,7 +61,8 @@ def make_policy(paths: Any, config: Any) -> Any:
 
 
 def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) -> Any:
-    from hpc.paths import node_scratch
+    from hpc.errors import UsageError
+    from hpc.paths import node_scratch, private_dir
     from hpc.rundir import open_run
     from hpc.spool import Spool
     from rollout_node.pipeline.bindings import RealTaskOps
@@ -71,8 +72,11 @@ def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) 
     paths, config = open_run(run)
     setup_logging(paths.logs, node_id)
     # Per user: several users' nodes (or a root demo and a CI user) may share one node's $TMPDIR.
-    scratch = node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}"
-    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:  # ours and private: a directory another user planted under a shared /tmp is refused
+        scratch = private_dir(node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}")
+    except PermissionError as exc:
+        raise UsageError(f"rollout node scratch is unusable: {exc}; set sandbox.scratch_dir to a directory "
+                         "of your own") from exc
     workers = default_workers(config.rollout, config.sandbox, scratch)
     options = NodeOptions(node_id=node_id, workers=workers, scratch=scratch, max_episodes=max_episodes, once=once)
     spool = Spool(paths.root, config.spool)
