@@ -5,8 +5,8 @@ balances new episodes to the least-assigned backend.
 Guarantees:
 - ``sampling_params`` of the spool task (checked by :mod:`rollout_node.service.wire`) override, for
   that episode only, ``temperature``, ``top_p``, ``max_iterations`` (agent turns) and
-  ``max_output_tokens`` (tokens per generation); the run's limits stay the upper bound of nothing
-  else: ``rollout.max_tokens`` and the server's context length still cap the episode.
+  ``max_output_tokens`` (tokens per generation); ``rollout.max_tokens`` and the server's context
+  length still cap the episode.
 - ``messages`` is built from the loop's own turn log: assistant ``token_ids``/``logprobs`` are the
   completion's, as the backend produced them (never decoded and encoded again); the text is decoded
   only for display.
