@@ -30,15 +30,19 @@ class ServiceNode(RolloutNode):
 
 def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any = None) -> ServiceNode:
     """Wire a service node on ``run`` (the same parts ``spoolrl rollout-node`` builds)."""
-    from hpc.paths import node_scratch
+    from hpc.errors import UsageError
+    from hpc.paths import node_scratch, private_dir
     from hpc.rundir import open_run
     from hpc.spool import Spool
     from rollout_node.pipeline.bindings import RealTaskOps
     from rollout_node.pipeline.sizing import default_workers
 
     paths, config = open_run(run)
-    scratch = node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}"
-    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:  # the same private scratch rule as rollout-node (a squatted directory is refused)
+        scratch = private_dir(node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}")
+    except PermissionError as exc:
+        raise UsageError(f"rollout node scratch is unusable: {exc}; set sandbox.scratch_dir to a directory "
+                         "of your own") from exc
     options = NodeOptions(node_id=node_id, workers=default_workers(config.rollout, config.sandbox, scratch),
                           scratch=scratch)
     return ServiceNode(paths, config, Spool(paths.root, config.spool), ops or RealTaskOps(paths, config),
