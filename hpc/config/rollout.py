@@ -24,6 +24,10 @@ class RolloutConfig:
                                 min=1.0)
     eval_timeout_s: float = knob(600.0, doc="time limit inside EVAL (the test run)", min=1.0)
     max_retries: int = knob(2, doc="retries of an episode after an infrastructure failure", min=0)
+    max_consecutive_infra_faults: int = knob(
+        10, doc="a node whose episodes hit this many infrastructure faults in a row (no other outcome between) "
+        "stops claiming, releases its tasks and exits non-zero (0 = never)", min=0, resumable=True,
+    )
     max_turns: int = knob(20, doc="agent turns per episode", min=1)
     max_tokens: int = knob(4096, doc="total token budget per episode (prompt + generations)", min=16)
     max_new_tokens_per_turn: int = knob(256, doc="tokens generated per turn", min=1)

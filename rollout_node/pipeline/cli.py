@@ -3,7 +3,8 @@ job step runs on each rollout node.
 
 It reads ``RUN/run.yaml``, logs to stderr and ``RUN/logs/rollout-<node>.log``, writes metrics to
 ``RUN/metrics/rollout-<node>.jsonl`` and runs the INIT -> RUN -> EVAL pipeline. Exit conditions
-(exit status 0 in every case; a configuration or run-dir problem exits 2):
+(exit status 0 in each of these; a configuration or run-dir problem exits 2; a node that stopped
+itself exits 3):
 
 - ``--once``: nothing is in flight on this node and the spool holds no ready and no claimed task
   (a claim held by a dead node is waited for until its lease expires and the task is redone).
@@ -11,6 +12,8 @@ It reads ``RUN/run.yaml``, logs to stderr and ``RUN/logs/rollout-<node>.log``, w
 - ``RUN/control/STOP`` appears, or SIGUSR1 (Slurm's ``--signal`` warning), SIGTERM or SIGINT
   arrives: the node drains (no new claims; in-flight groups have ``rollout.drain_timeout_s`` to
   finish, then go back to the spool with ``release_task``) and exits.
+- ``rollout.max_consecutive_infra_faults`` infrastructure faults in a row: the node stops claiming,
+  releases every task it holds and exits 3, the reason on stderr and in the summary (``failed``).
 - Otherwise it keeps polling the spool for new tasks.
 """
 
@@ -29,6 +32,7 @@ from typing import Any
 from hpc.cli_util import add_run_arg
 
 DRAIN_SIGNALS = ("SIGUSR1", "SIGTERM", "SIGINT")
+EXIT_FAILING = 3  # the node stopped itself (rollout_node.pipeline.health)
 
 
 def default_node_id() -> str:
@@ -88,7 +92,10 @@ def _rollout_node(args: argparse.Namespace) -> int:
     for name in DRAIN_SIGNALS:
         signal.signal(getattr(signal, name), lambda signum, _frame: node.request_drain(signal.Signals(signum).name))
     summary = node.run()
-    print(json.dumps(summary, sort_keys=True, default=str))
+    print(json.dumps({**summary, "failed": node.failed}, sort_keys=True, default=str))
+    if node.failed:
+        print(f"spoolrl rollout-node: stopped itself: {node.failed}", file=sys.stderr)
+        return EXIT_FAILING
     return 0
 
 

@@ -10,6 +10,13 @@ Guarantees:
   expires.
 - A failure of one episode follows the fault table (:mod:`rollout_node.pipeline.faults`) and
   never stops a worker thread or the node.
+- Stop order (:mod:`hpc.rollout_presence`): the node's record in ``RUN/endpoints`` exists from before
+  its first claim until every task it held is released or written, so inference nodes keep serving
+  its drain; an episode whose inference fails while the node drains releases its task (back to the
+  spool, no trajectory) instead of ending as ``inference_error``.
+- A failing node stops itself (:mod:`rollout_node.pipeline.health`): ``max_consecutive_infra_faults``
+  infrastructure faults in a row release every task at once and end :meth:`RolloutNode.run` with
+  :attr:`RolloutNode.failed` set (the CLI exits non-zero with it).
 - Claiming stops on drain (signal, ``STOP``), on backpressure (``spool.pending_work() >=
   spool.max_ready_shards``), when the job's remaining time is below the p95 group time plus
   ``rollout.time_limit_margin_s``, and after ``max_episodes`` samples.
@@ -23,7 +30,6 @@ import logging
 import os
 import queue
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -31,16 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc import rollout_presence
 from hpc.config import RunConfig
-from hpc.lease import pid_alive
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import TaskOps
 from rollout_node.pipeline.control import ControlFiles, JobClock
 from rollout_node.pipeline.episode import Episode, Group
 from rollout_node.pipeline.faults import OUTCOMES, Fault
+from rollout_node.pipeline.health import InfraStreak
 from rollout_node.pipeline.metrics import NodeMetrics
 from rollout_node.pipeline.policy import Policy
+from rollout_node.pipeline.scratch import remove_dead_scratch, remove_tree
 from rollout_node.pipeline.seeds import episode_seed
 from rollout_node.pipeline.sink import GroupSink
 from rollout_node.pipeline.sizing import Workers
@@ -87,6 +95,8 @@ class RolloutNode:
         self.live: set[Episode] = set()
         self.stopping = threading.Event()
         self.draining: str | None = None
+        self.streak = InfraStreak(self.rollout.max_consecutive_infra_faults)
+        self.failed = ""  # why the node stopped itself (see health.py); '' while healthy
         self.drain_deadline = float("inf")
         self.claiming = False
         self.spool_dry = False
@@ -99,8 +109,9 @@ class RolloutNode:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict[str, Any]:
         """Run until an exit condition holds (see ``cli.py``); returns the final metrics snapshot."""
-        self._remove_dead_scratch()
+        remove_dead_scratch(self.opts.scratch, self.opts.node_id)
         self.scratch.mkdir(parents=True, exist_ok=True)
+        rollout_presence.announce(self.paths, self.worker_id, os.getpid())
         self.sink = GroupSink(self.spool, self.worker_id, self._spool_call)
         log.info("rollout node %s: workers init=%d run=%d eval=%d, scratch %s", self.worker_id,
                  self.opts.workers.init, self.opts.workers.run, self.opts.workers.eval, self.scratch)
@@ -117,13 +128,6 @@ class RolloutNode:
             self._shutdown()
         return self.metrics.log_node(**self._gauges())
 
-    def _remove_dead_scratch(self) -> None:
-        """Work dirs left by a killed incarnation of this node id (``<node>.<pid>.<hex>``, pid gone)."""
-        for old in self.opts.scratch.glob(f"{self.opts.node_id}.*.*"):
-            pid = old.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
-
     def request_drain(self, reason: str) -> None:
         """Stop claiming; in-flight groups may finish until the drain deadline, then are released."""
         if self.draining:
@@ -134,6 +138,13 @@ class RolloutNode:
             budget = min(budget, max(0.0, remaining - 5.0))  # release before Slurm's kill
         self.draining, self.drain_deadline = reason, time.monotonic() + budget
         log.info("draining (%s): no new claims; in-flight groups have %.0f s", reason, budget)
+
+    def _fail(self, reason: str) -> None:
+        """Stop claiming and release every held task now (a failing node finishes nothing more)."""
+        self.failed = reason
+        log.error("rollout node %s stops itself: %s", self.worker_id, reason)
+        self.request_drain("failing")
+        self.drain_deadline = time.monotonic()
 
     def _start_threads(self) -> None:
         w = self.opts.workers
@@ -157,7 +168,8 @@ class RolloutNode:
         if self.sink is not None:
             with self.write_lock:
                 self.sink.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        rollout_presence.withdraw(self.paths, self.worker_id)  # nothing held any more: inference may stop
+        remove_tree(self.scratch)
         log.info("rollout node %s stopped: %s", self.worker_id, self.metrics.snapshot())
 
     def _finished(self) -> bool:
@@ -394,7 +406,8 @@ class RolloutNode:
             self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
                                 "fault": Fault.HARNESS_ERROR.value, "stage": "eval", "error": ep.metrics["error"],
                                 "eval_tries": ep.metrics.get("eval_tries", 1)})
-            self._complete(ep, outcome.status, None)
+            if not self._node_failing(ep, Fault.HARNESS_ERROR, ep.metrics["error"]):
+                self._complete(ep, outcome.status, None)
             return
         ep.metrics.update({k: v for k, v in outcome.details.items() if isinstance(v, (int, float, str, bool))})
         status = ep.output.status if ep.output is not None else Status.OK
@@ -410,12 +423,18 @@ class RolloutNode:
         if ep.group.closed:  # released or cancelled as a whole: already accounted for there
             self._discard(ep)
             return
+        if self.draining and fault is Fault.INFERENCE_ERROR:  # the servers are stopping: not the task's fault
+            self._release_group(ep.group, f"inference failed while draining ({error[-200:]})")
+            self._discard(ep)
+            return
         self.metrics.failure(fault.value)
         outcome = OUTCOMES[fault]
         ep.metrics["error"] = error
         log.info("%s: %s (%s)", ep.key, fault.value, error)
         self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
                             "fault": fault.value, "stage": ep.last_stage, "error": error[-2000:]})
+        if self._node_failing(ep, fault, error):
+            return
         if outcome.retry_from == "init" and ep.attempt < self.rollout.max_retries and not ep.group.closed:
             nxt = Episode(ep.group, ep.sample_index, ep.attempt + 1,
                           self._seed(ep.group, ep.sample_index, ep.attempt + 1))
@@ -426,7 +445,19 @@ class RolloutNode:
             return
         self._complete(ep, outcome.status, None)
 
+    def _node_failing(self, ep: Episode, fault: Fault, error: str) -> bool:
+        """Count an infrastructure fault; at the limit the node fails and this episode's task goes back."""
+        reason = self.streak.fault(fault, error)
+        if reason:
+            self._fail(reason)
+        if not self.failed:
+            return False
+        self._release_group(ep.group, f"node failing: {self.failed}")
+        self._discard(ep)
+        return True
+
     def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
+        self.streak.outcome(status)
         traj = ep.trajectory(status, reward)
         self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": ep.attempt,
                               "status": traj.status.value, "reward": traj.reward, "timings": traj.timings,

@@ -15,8 +15,6 @@ and the reward is 0 (``eval_status`` ``unscorable``). Nothing of it is retried.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -29,6 +27,7 @@ from rollout_node.pipeline.bindings import EvalOutcome, TaskOps
 from rollout_node.pipeline.episode import Episode
 from rollout_node.pipeline.faults import Fault, classify_run_error
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Policy
+from rollout_node.pipeline.scratch import remove_tree
 from rollout_node.tasks.repos import UnscorableTree, tree_problems
 
 _STATUS_FAULTS = {Status.SANDBOX_ERROR: Fault.SANDBOX_CRASH, Status.INFERENCE_ERROR: Fault.INFERENCE_ERROR,
@@ -44,18 +43,8 @@ class StageResult:
 
 def remove_workdir(ep: Episode) -> None:
     """Remove the work dir, also where the agent took its owner's permissions away (chmod 000)."""
-    if ep.workdir is None:
-        return
-    root = ep.workdir
-    if root.is_dir() and not root.is_symlink():
-        with contextlib.suppress(OSError):
-            root.chmod(0o700)
-        for dirpath, dirnames, _ in os.walk(root):  # top-down: a directory is opened after its chmod
-            for path in (os.path.join(dirpath, name) for name in dirnames):
-                if not os.path.islink(path):  # (a link's target may lie outside the work dir)
-                    with contextlib.suppress(OSError):
-                        os.chmod(path, 0o700)
-    shutil.rmtree(root, ignore_errors=True)
+    if ep.workdir is not None:
+        remove_tree(ep.workdir)
 
 
 class Stages:
