@@ -19,7 +19,10 @@ What it does (torch-free; the CPU engine runs in child processes):
 - Restarts a server whose process died, that did not become healthy within
   ``server_start_timeout_s``, or that failed 3 health checks in a row; gives up (exit 1) after
   ``max_restarts`` restarts in a row that never became healthy.
-- SIGTERM/SIGINT or ``RUN/control/STOP``: stops all servers, removes its endpoint files, exits 0. SIGUSR1 (Slurm's
+- SIGTERM/SIGINT or ``RUN/control/STOP``: keeps serving (supervision, heartbeats, reloads) while rollout
+  nodes are present (``RUN/endpoints/rollout-node-*.json``, :mod:`hpc.rollout_presence`: a node removes
+  its record once its drain released everything), at most ``rollout.drain_timeout_s`` +
+  ``DRAIN_MARGIN_S``; then stops all servers, removes its endpoint files, exits 0. SIGUSR1 (Slurm's
   time-limit warning) is ignored: draining rollout nodes still need answers until SIGTERM.
 """
 
@@ -33,10 +36,12 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from hpc import rollout_presence
 from hpc.config import RunConfig
 from hpc.errors import InferenceError, RunDirError, UsageError
 from hpc.fsutil import atomic_write_json
@@ -152,31 +157,48 @@ class InferNode:
         self.stop = threading.Event()
         self._write_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
+        self._next_beat = self._next_poll = 0.0
 
     def current_policy(self) -> PolicyRef:
         return self.source.latest() or PolicyRef(0, initial_model(self.cfg, self.paths))
 
     def run(self) -> int:
         self.paths.endpoints.mkdir(parents=True, exist_ok=True)
-        inf = self.cfg.inference
-        next_beat = next_poll = 0.0
         try:
             for slot in self.slots:
                 self._start(slot)
-            while not self.stop.is_set() and not self.paths.stop_marker.exists():
-                now = time.monotonic()
-                for slot in self.slots:
-                    self._supervise(slot, now)
-                if now >= next_beat:
-                    self._heartbeat()
-                    next_beat = now + inf.heartbeat_s
-                if now >= next_poll:
-                    self._push_latest()
-                    next_poll = now + inf.policy_poll_s
-                self.stop.wait(0.2)
+            self._serve(lambda: not self.stop.is_set() and not self.paths.stop_marker.exists())
+            self._serve_drain()
         finally:
             self.shutdown()
         return 0
+
+    def _serve(self, keep_going: Callable[[], bool]) -> None:
+        """Supervise, heartbeat and reload every 0.2 s while ``keep_going()``."""
+        inf = self.cfg.inference
+        while keep_going():
+            now = time.monotonic()
+            for slot in self.slots:
+                self._supervise(slot, now)
+            if now >= self._next_beat:
+                self._heartbeat()
+                self._next_beat = now + inf.heartbeat_s
+            if now >= self._next_poll:
+                self._push_latest()
+                self._next_poll = now + inf.policy_poll_s
+            time.sleep(0.2)
+
+    def _serve_drain(self) -> None:
+        """Asked to stop: go on serving while rollout nodes drain (bounded), so their episodes get answers."""
+        bound = self.cfg.rollout.drain_timeout_s + rollout_presence.DRAIN_MARGIN_S
+        deadline = time.monotonic() + bound
+        waiting = rollout_presence.present(self.paths)
+        if not waiting:
+            return
+        self.metrics.log("drain_wait", rollout_nodes=[r.worker_id for r in waiting], bound_s=bound)
+        self._serve(lambda: time.monotonic() < deadline and bool(rollout_presence.present(self.paths)))
+        left = [r.worker_id for r in rollout_presence.present(self.paths)]
+        self.metrics.log("drain_done", still_present=left, waited_s=round(bound - (deadline - time.monotonic()), 2))
 
     # --- supervision -------------------------------------------------------------------------------
 
