@@ -50,7 +50,9 @@ class RolloutConfig:
         min=1, resumable=True,
     )
     scratch_per_episode_gb: float = knob(
-        1.0, doc="node-local scratch one episode may need (caps the default worker counts by free space)",
+        1.0, doc="node-local disk one episode may use: caps the default worker counts by free space, and an "
+        "episode whose work dir + sandbox scratch grow past it is ended by the watchdog (the agent's outcome: "
+        "trainable, reward 0, not retried)",
         min=0.01, resumable=True,
     )
     metrics_interval_s: float = knob(10.0, doc="how often the node writes its metrics record", min=0.1,

@@ -138,7 +138,8 @@ class RealTaskOps:
     def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]:
         from rollout_node.sandbox import open_sandbox
 
-        return open_sandbox(self.config.sandbox, workdir, image=image or None)
+        return open_sandbox(self.config.sandbox, workdir, image=image or None,
+                            disk_bytes=int(self.config.rollout.scratch_per_episode_gb * 2**30))
 
     def collect_diff(self, task: Any, workdir: Path) -> str:
         from rollout_node.tasks import collect_diff

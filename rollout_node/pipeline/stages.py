@@ -125,8 +125,10 @@ class Stages:
         return StageResult()
 
     def _agent_broke_it(self, ep: Episode, why: str) -> bool:
-        """A sandbox that died while the tree holds undiffable entries the agent made: its outcome."""
-        problems = tree_problems(ep.workdir) if ep.workdir is not None else []
+        """A sandbox that died while the tree holds undiffable entries the agent made, or past the episode's
+        disk budget (``Sandbox.disk_verdict``): its outcome."""
+        over = str(getattr(ep.ctx.sandbox, "disk_verdict", "")) if ep.ctx is not None else ""
+        problems = [over] if over else tree_problems(ep.workdir) if ep.workdir is not None else []
         if not problems:
             return False
         ep.metrics["unscorable"] = f"the sandbox failed ({why[:300]}) on a tree the agent broke: {'; '.join(problems)}"

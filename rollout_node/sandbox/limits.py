@@ -23,6 +23,13 @@ Guarantees:
   group per sandbox instead (:class:`PidsCgroup`).
 - Not counted: SysV segments no process has attached, and tmpfs of a runtime that shares the
   node's mount namespace (``local``). A tmpfs file that is also mapped counts twice (on the safe side).
+- Disk budget: a sandbox registered with ``disk_dirs`` and ``disk_bytes`` (the episode's work dir and
+  its private scratch, ``rollout.scratch_per_episode_gb``) has those trees measured every
+  ``DISK_EVERY`` scans (:func:`tree_bytes`: allocated blocks, symlinks not followed); past the budget
+  its processes are killed and :meth:`Watchdog.over_disk` names why from then on (the sandbox ends
+  the episode: the files stay, so a fresh shell would not help). Not counted: what lies under a
+  directory the agent made unreadable to its owner (the walk cannot list it); ``max_file_mb``
+  still caps every single file.
 - :func:`kill_tree` SIGKILLs a whole process tree (repeatedly, until nothing of it is left).
 """
 
@@ -39,6 +46,7 @@ from pathlib import Path
 from hpc.config.sandbox import SandboxConfig
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+DISK_EVERY = 5  # scans between two disk measurements (a walk of the tree costs more than a /proc scan)
 NPROC_HEADROOM = 8  # RLIMIT_NPROC sits a little above max_procs so that the watchdog sees the offence
 
 
@@ -244,6 +252,24 @@ def sandbox_memory(pids: list[int]) -> int:
     return sum(resident_bytes(p) for p in pids) + memfd_bytes(pids) + tmpfs_bytes(pids)
 
 
+def tree_bytes(roots: Iterable[Path]) -> int:
+    """Bytes allocated on disk by the files under ``roots`` (lstat blocks; unreadable entries count 0)."""
+    total, stack = 0, [str(r) for r in roots]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
 def anon_rss(pid: int) -> int:
     """Resident memory minus file-backed/shared pages (bytes); 0 if the process is gone."""
     try:
@@ -313,6 +339,10 @@ class _Watched:
     peak_procs: int = 0
     demoted: set[int] = field(default_factory=set)
     kills: int = 0
+    disk_dirs: tuple[Path, ...] = ()
+    disk_bytes: int = 0
+    scans: int = 0
+    over_disk: str = ""
 
 
 class Watchdog:
@@ -334,9 +364,11 @@ class Watchdog:
                 cls._instance = cls()
             return cls._instance
 
-    def register(self, key: str, limits: Limits, on_kill: Callable[[str], None] | None = None) -> None:
+    def register(self, key: str, limits: Limits, on_kill: Callable[[str], None] | None = None, *,
+                 disk_dirs: tuple[Path, ...] = (), disk_bytes: int = 0) -> None:
+        """Watch sandbox ``key``; ``disk_bytes`` > 0 also holds ``disk_dirs`` to that budget."""
         with self._lock:
-            self._watched[key] = _Watched(set(), limits, on_kill)
+            self._watched[key] = _Watched(set(), limits, on_kill, disk_dirs=disk_dirs, disk_bytes=disk_bytes)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="sandbox-watchdog", daemon=True)
                 self._thread.start()
@@ -365,6 +397,12 @@ class Watchdog:
             if clear:
                 w.verdict = ""
             return text
+
+    def over_disk(self, key: str) -> str:
+        """Why this sandbox's trees broke their disk budget ('' while within it); never cleared."""
+        with self._lock:
+            w = self._watched.get(key)
+            return w.over_disk if w else ""
 
     def backoff_s(self, key: str) -> float:
         """Delay before restarting a sandbox the watchdog killed: 0.5 s, doubling per kill, at most 5 s."""
@@ -405,19 +443,34 @@ class Watchdog:
             hot = hot or near
             if (w.kills or near) and not set(roots) <= w.demoted:
                 w.demoted |= _demote([r for r in roots if r not in w.demoted])
-            why = ""
+            why, disk = "", self._disk_check(w)
             if tasks >= w.limits.max_procs:
                 why = f"{tasks} processes/threads >= max_procs {w.limits.max_procs}"
             elif mem > w.limits.mem_bytes:
                 why = f"memory {mem / 2**20:.0f} MiB > limit {w.limits.mem_bytes / 2**20:.0f} MiB"
+            elif disk:
+                why = disk
             if why:
                 with self._lock:  # the verdict first: the owner asks for it as soon as its shell dies
+                    w.over_disk = w.over_disk or disk
                     w.verdict = f"sandbox killed by the watchdog: {why}"
                     w.kills += 1
                 kill_tree(roots)
                 if w.on_kill:
                     w.on_kill(w.verdict)
         return hot
+
+
+    @staticmethod
+    def _disk_check(w: _Watched) -> str:
+        """Every DISK_EVERY scans: the reason if the sandbox's trees exceed their budget, else ''."""
+        w.scans += 1
+        if not w.disk_bytes or w.scans % DISK_EVERY:
+            return ""
+        used = tree_bytes(w.disk_dirs)
+        if used <= w.disk_bytes:
+            return ""
+        return f"disk budget: {used / 2**20:.0f} MiB on disk > {w.disk_bytes / 2**20:.0f} MiB per episode"
 
 
 def _forget_watchdog_in_child() -> None:

@@ -8,7 +8,9 @@ image is read-only. Guarantees:
 - ``exec`` runs one fresh non-interactive process in a *separate* sandbox on the same image and
   work dir (no shell state, own /tmp): what EVAL uses;
 - limits and the watchdog (``limits.py``) apply to the shell's sandbox and to every ``exec``;
-  a watchdog kill is reported in the next result and the shell comes back fresh;
+  a watchdog kill is reported in the next result and the shell comes back fresh; past the episode's
+  disk budget (``open_sandbox(disk_bytes=...)``) every later tool call raises SandboxError and
+  :attr:`Sandbox.disk_verdict` says why (the caller scores that as the agent's outcome);
 - ``close()`` is idempotent and leaves no process behind: the sandbox's whole process tree is
   SIGKILLed (for bwrap/apptainer the pid namespace guarantees that daemons started with
   setsid/nohup are in it); for the local runtime, processes carrying the sandbox's environment
@@ -50,7 +52,8 @@ ENV_MARKER = "SPOOLRL_SANDBOX"
 class Sandbox:
     """Use through :func:`open_sandbox`. Not thread-safe: one episode drives one sandbox."""
 
-    def __init__(self, cfg: SandboxConfig, workdir: Path, runtime: Runtime, image: ImageLease | None) -> None:
+    def __init__(self, cfg: SandboxConfig, workdir: Path, runtime: Runtime, image: ImageLease | None,
+                 disk_bytes: int = 0) -> None:
         self.cfg, self.runtime, self._image = cfg, runtime, image
         self.workdir = Path(workdir).absolute()
         self.key = f"sbx-{os.getpid()}-{secrets.token_hex(4)}"
@@ -59,6 +62,7 @@ class Sandbox:
         self.scratch = user_scratch(cfg) / "sbx" / self.key
         self.submission: str | None = None
         self._closed = False
+        self._disk_verdict = ""
         self._execs = 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -70,7 +74,7 @@ class Sandbox:
                               on_death=self._on_death)
         self.shell.respawn_delay = lambda: Watchdog.shared().backoff_s(self.key)
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
-        Watchdog.shared().register(self.key, self.limits)
+        Watchdog.shared().register(self.key, self.limits, disk_dirs=(self.workdir, self.scratch), disk_bytes=disk_bytes)
         self.startup_s = self.shell.spawn()
 
     # ---------------------------------------------------------------- launching
@@ -191,14 +195,22 @@ class Sandbox:
         return make_result(buf, code, time.monotonic() - t0, timed_out=timed_out, note=note)
 
     # ---------------------------------------------------------------- closing
+    @property
+    def disk_verdict(self) -> str:
+        """Why the episode's disk budget broke ('' while within it): the episode is over, the agent's doing."""
+        return Watchdog.shared().over_disk(self.key) if not self._closed else self._disk_verdict
+
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        if over := self.disk_verdict:
+            raise SandboxError(f"the episode is over: {over}")
 
     def close(self) -> None:
         """Kill every process of this sandbox and release its resources (idempotent)."""
         if self._closed:
             return
+        self._disk_verdict = Watchdog.shared().over_disk(self.key)
         self._closed = True
         self.shell.kill()
         if not self.runtime.isolated:
@@ -335,8 +347,9 @@ def _closing_on_error(lease: ImageLease | None) -> Iterator[None]:
         raise
 
 
-def open_sandbox(cfg: SandboxConfig, workdir: Path, *, image: str | None = None) -> Sandbox:
-    """Start an episode's sandbox on ``workdir`` (bound at /work). Raises SandboxError."""
+def open_sandbox(cfg: SandboxConfig, workdir: Path, *, image: str | None = None, disk_bytes: int = 0) -> Sandbox:
+    """Start an episode's sandbox on ``workdir`` (bound at /work). Raises SandboxError. ``disk_bytes`` > 0: the
+    episode's disk budget (work dir + sandbox scratch; see :mod:`~rollout_node.sandbox.limits`)."""
     problems = cfg.check()
     if problems:
         raise SandboxError("; ".join(problems))
@@ -348,4 +361,4 @@ def open_sandbox(cfg: SandboxConfig, workdir: Path, *, image: str | None = None)
     else:
         warn_local()
     with _closing_on_error(lease):
-        return Sandbox(cfg, Path(workdir), runtime, lease)
+        return Sandbox(cfg, Path(workdir), runtime, lease, disk_bytes)
