@@ -10,13 +10,11 @@ Guarantees:
   expires.
 - A failure of one episode follows the fault table (:mod:`rollout_node.pipeline.faults`) and
   never stops a worker thread or the node.
-- Stop order (:mod:`hpc.rollout_presence`): the node's record in ``RUN/endpoints`` exists from before
-  its first claim until every task it held is released or written, so inference nodes keep serving
-  its drain; an episode whose inference fails while the node drains releases its task (back to the
-  spool, no trajectory) instead of ending as ``inference_error``.
-- A failing node stops itself (:mod:`rollout_node.pipeline.health`): ``max_consecutive_infra_faults``
-  infrastructure faults in a row release every task at once and end :meth:`RolloutNode.run` with
-  :attr:`RolloutNode.failed` set (the CLI exits non-zero with it).
+- Stop order: the node's record (:mod:`hpc.rollout_presence`) exists from before its first claim until
+  every task it held is released or written, so inference keeps serving its drain; an episode whose
+  inference fails while draining releases its task instead of ending as ``inference_error``.
+- A failing node stops itself (:mod:`~rollout_node.pipeline.health`): it releases every task and
+  :meth:`RolloutNode.run` returns with :attr:`RolloutNode.failed` set (the CLI exits non-zero).
 - Claiming stops on drain (signal, ``STOP``), on backpressure (``spool.pending_work() >=
   spool.max_ready_shards``), when the job's remaining time is below the p95 group time plus
   ``rollout.time_limit_margin_s``, and after ``max_episodes`` samples.
@@ -42,6 +40,7 @@ from hpc.config import RunConfig
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import TaskOps
+from rollout_node.pipeline.claimgate import ClaimGate
 from rollout_node.pipeline.control import ControlFiles, JobClock
 from rollout_node.pipeline.episode import Episode, Group
 from rollout_node.pipeline.faults import OUTCOMES, Fault
@@ -102,7 +101,8 @@ class RolloutNode:
         self.spool_dry = False
         self.claimed_samples = 0
         self.not_claiming = ""
-        self._pending: tuple[float, int] = (0.0, 0)
+        self.gate = ClaimGate(config, lambda: int(self._spool_call(self.spool.pending_work)), policy, self.clock,
+                              self.metrics)
         self._threads: list[threading.Thread] = []
         self.sink: GroupSink | None = None
 
@@ -138,13 +138,6 @@ class RolloutNode:
             budget = min(budget, max(0.0, remaining - 5.0))  # release before Slurm's kill
         self.draining, self.drain_deadline = reason, time.monotonic() + budget
         log.info("draining (%s): no new claims; in-flight groups have %.0f s", reason, budget)
-
-    def _fail(self, reason: str) -> None:
-        """Stop claiming and release every held task now (a failing node finishes nothing more)."""
-        self.failed = reason
-        log.error("rollout node %s stops itself: %s", self.worker_id, reason)
-        self.request_drain("failing")
-        self.drain_deadline = time.monotonic()
 
     def _start_threads(self) -> None:
         w = self.opts.workers
@@ -274,31 +267,8 @@ class RolloutNode:
         return True
 
     def _may_claim(self) -> bool:
-        reason = ""
-        if self.opts.max_episodes is not None and self.claimed_samples >= self.opts.max_episodes:
-            reason = "max_episodes"
-        elif self._pending_work() >= self.config.spool.max_ready_shards:
-            reason = "backpressure"
-        elif not_ready := self._policy_not_ready():
-            reason = not_ready  # e.g. no live inference server yet: a claim now would only burn retries
-        else:
-            remaining = self.clock.remaining_s()
-            p95 = self.metrics.p95_group_s() or 0.0
-            if remaining is not None and remaining < p95 + self.rollout.time_limit_margin_s:
-                reason = "time_limit"
-        self.not_claiming = reason
-        return not reason and not self.draining
-
-    def _policy_not_ready(self) -> str:
-        ready = getattr(self.policy, "not_ready", None)
-        return str(ready()) if callable(ready) else ""
-
-    def _pending_work(self) -> int:
-        at, value = self._pending
-        if time.monotonic() - at > self.config.spool.poll_interval_s:
-            value = int(self._spool_call(self.spool.pending_work))
-            self._pending = (time.monotonic(), value)
-        return value
+        self.not_claiming = self.gate.reason(self.claimed_samples, self.opts.max_episodes)
+        return not self.not_claiming and not self.draining
 
     def _claim(self) -> Group | None:
         with self.lock:
@@ -401,11 +371,9 @@ class RolloutNode:
         outcome = self.stages.evaluate(ep, lambda: not ep.group.closed)
         self.metrics.stage_done("eval", ep.leave("done"))
         if outcome.status.infrastructure:
-            self.metrics.failure(Fault.HARNESS_ERROR.value)
             ep.metrics["error"] = str(outcome.details.get("error", outcome.status.value))
-            self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
-                                "fault": Fault.HARNESS_ERROR.value, "stage": "eval", "error": ep.metrics["error"],
-                                "eval_tries": ep.metrics.get("eval_tries", 1)})
+            self._record_fault(ep, Fault.HARNESS_ERROR, "eval", ep.metrics["error"],
+                               eval_tries=ep.metrics.get("eval_tries", 1))
             if not self._node_failing(ep, Fault.HARNESS_ERROR, ep.metrics["error"]):
                 self._complete(ep, outcome.status, None)
             return
@@ -427,12 +395,10 @@ class RolloutNode:
             self._release_group(ep.group, f"inference failed while draining ({error[-200:]})")
             self._discard(ep)
             return
-        self.metrics.failure(fault.value)
         outcome = OUTCOMES[fault]
         ep.metrics["error"] = error
         log.info("%s: %s (%s)", ep.key, fault.value, error)
-        self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
-                            "fault": fault.value, "stage": ep.last_stage, "error": error[-2000:]})
+        self._record_fault(ep, fault, ep.last_stage, error[-2000:])
         if self._node_failing(ep, fault, error):
             return
         if outcome.retry_from == "init" and ep.attempt < self.rollout.max_retries and not ep.group.closed:
@@ -445,11 +411,19 @@ class RolloutNode:
             return
         self._complete(ep, outcome.status, None)
 
+    def _record_fault(self, ep: Episode, fault: Fault, stage: str, error: str, **extra: Any) -> None:
+        self.metrics.failure(fault.value)
+        self.metrics.fault({"task_id": ep.group.task_id, "sample_index": ep.sample_index, "attempt": ep.attempt,
+                            "fault": fault.value, "stage": stage, "error": error, **extra})
+
     def _node_failing(self, ep: Episode, fault: Fault, error: str) -> bool:
-        """Count an infrastructure fault; at the limit the node fails and this episode's task goes back."""
-        reason = self.streak.fault(fault, error)
-        if reason:
-            self._fail(reason)
+        """Count an infrastructure fault; at the limit the node stops claiming and releases every task now
+        (this episode's first): a failing node finishes nothing more."""
+        if reason := self.streak.fault(fault, error):
+            self.failed = reason
+            log.error("rollout node %s stops itself: %s", self.worker_id, reason)
+            self.request_drain("failing")
+            self.drain_deadline = time.monotonic()
         if not self.failed:
             return False
         self._release_group(ep.group, f"node failing: {self.failed}")

@@ -25,7 +25,7 @@ Guarantees:
   node's mount namespace (``local``). A tmpfs file that is also mapped counts twice (on the safe side).
 - Disk budget: a sandbox registered with ``disk_dirs`` and ``disk_bytes`` (the episode's work dir and
   its private scratch, ``rollout.scratch_per_episode_gb``) has those trees measured every
-  ``DISK_EVERY`` scans (:func:`tree_bytes`: allocated blocks, symlinks not followed); past the budget
+  ``DISK_EVERY`` scans, and no sooner than ``DISK_DUTY`` times the last walk took (:func:`tree_bytes`: allocated blocks, symlinks not followed); past the budget
   its processes are killed and :meth:`Watchdog.over_disk` names why from then on (the sandbox ends
   the episode: the files stay, so a fresh shell would not help). Not counted: what lies under a
   directory the agent made unreadable to its owner (the walk cannot list it); ``max_file_mb``
@@ -47,6 +47,7 @@ from hpc.config.sandbox import SandboxConfig
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 DISK_EVERY = 5  # scans between two disk measurements (a walk of the tree costs more than a /proc scan)
+DISK_DUTY = 20  # and at least 20x the last walk's duration: a tree of 10^5 files costs at most ~5 % of a core
 NPROC_HEADROOM = 8  # RLIMIT_NPROC sits a little above max_procs so that the watchdog sees the offence
 
 
@@ -342,6 +343,7 @@ class _Watched:
     disk_dirs: tuple[Path, ...] = ()
     disk_bytes: int = 0
     scans: int = 0
+    disk_next: float = 0.0
     over_disk: str = ""
 
 
@@ -465,9 +467,11 @@ class Watchdog:
     def _disk_check(w: _Watched) -> str:
         """Every DISK_EVERY scans: the reason if the sandbox's trees exceed their budget, else ''."""
         w.scans += 1
-        if not w.disk_bytes or w.scans % DISK_EVERY:
+        if not w.disk_bytes or w.scans % DISK_EVERY or time.monotonic() < w.disk_next:
             return ""
+        t0 = time.monotonic()
         used = tree_bytes(w.disk_dirs)
+        w.disk_next = time.monotonic() + DISK_DUTY * (time.monotonic() - t0)
         if used <= w.disk_bytes:
             return ""
         return f"disk budget: {used / 2**20:.0f} MiB on disk > {w.disk_bytes / 2**20:.0f} MiB per episode"
