@@ -1,7 +1,10 @@
-"""``spoolrl demo`` learns, through every real component (CPU engine with a live reload every step, agent
-loop, bwrap sandboxes, tamper-proof EVAL, spool, DeepSpeed): with its defaults the mean reward of the first
-3 trainer steps is at most 0.4 and of the last 5 at least 0.8 (not met yet: strict xfail); with
-``trainer.lr=0`` (the control) it stays near the warm-start level (~1/4)."""
+"""``spoolrl demo`` through every real component (CPU engine with a live reload every step, agent loop,
+bwrap sandboxes, tamper-proof EVAL, spool, DeepSpeed) on the learnable family.
+
+Only the control is here: with ``trainer.lr=0`` the reward stays at the warm-start level (~1/4). The
+rise itself (issue 12: first 3 steps <= 0.4, last 5 >= 0.8) is NOT met yet, so no test claims it;
+``scripts/probe_pick_learning.py`` records why (the untied tiny model never learns the value token by
+policy gradient; tied embeddings do, after ~2,500 samples, more than the demo's 10 minutes give)."""
 
 from __future__ import annotations
 
@@ -32,16 +35,6 @@ def demo(run: Path, *overrides: str, steps: int | None = None) -> dict[str, Any]
     assert [x["step"] for x in shown] == list(range(1, summary["step"] + 1)), "every step's reward is printed"
     assert "reward" in out.stderr and "->" in out.stderr, out.stderr[-1000:]
     return summary
-
-
-@pytest.mark.xfail(strict=True, reason="issue 12 point 3 is not met yet: with the demo's defaults the reward of the "
-                   "tiny model stays near 1/4 (see the issue-12 report); strict, so this turns red once it learns")
-def test_demo_learns(tmp_path: Path) -> None:
-    learned = demo(tmp_path / "learn")
-    assert learned["reward_first"] <= 0.4, learned
-    versions = {r.get("policy_version") for r in read_metrics(tmp_path / "learn", "train_step")}
-    assert len(versions) >= learned["step"] - 1, "a new policy every step"
-    assert learned["reward_last"] >= 0.8, learned
 
 
 def test_lr0_stays_near_the_warm_start_level(tmp_path: Path) -> None:
