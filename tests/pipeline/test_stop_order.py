@@ -85,7 +85,7 @@ def audit(paths: RunPaths, cfg: Any) -> dict[str, list[Any]]:
 
 
 def test_stop_marker_inference_serves_until_the_rollout_node_drained(tmp_path: Path) -> None:
-    paths, cfg = make_run(tmp_path, "rollout.drain_timeout_s=30")
+    paths, cfg = make_run(tmp_path, "rollout.drain_timeout_s=30", "slurm.stop_grace_s=40")
     infer, rollout = start_both(paths, tmp_path)
     try:
         paths.stop_marker.write_text("test\n")
@@ -108,8 +108,23 @@ def test_stop_marker_inference_serves_until_the_rollout_node_drained(tmp_path: P
     assert "inference_error" not in (paths.root / "rollout-node.out").read_text()
 
 
+def _kill_strays(run: Path) -> None:
+    """A server started just before its infer node was killed is in its own session and no endpoint
+    file named it yet: end every process whose command line names this run (none may outlive the test)."""
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(run) in cmdline and int(proc_dir.name) != os.getpid():
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> None:
-    paths, cfg = make_run(tmp_path, "rollout.drain_timeout_s=60")
+    paths, cfg = make_run(tmp_path, "rollout.drain_timeout_s=45", "slurm.stop_grace_s=50")
     infer, rollout = start_both(paths, tmp_path)
     try:
         servers = [json.loads(f.read_text())["server_pid"] for f in paths.endpoints.glob("infer-*.json")]
@@ -118,11 +133,12 @@ def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> N
         for pid in servers:
             os.kill(pid, signal.SIGKILL)
         infer.wait()
-        assert rollout.wait(timeout=50) == 0, "released at the first failed request, not at the deadline"
+        assert rollout.wait(timeout=30) == 0, "released at the first failed request, not at the deadline"
     finally:
         for proc in (infer, rollout):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        _kill_strays(paths.root)
     out = (paths.root / "rollout-node.out").read_text()
     assert "inference failed while draining" in out, out[-3000:]
     assert "inference_error (" not in out, "no fault row: released, not retried"
