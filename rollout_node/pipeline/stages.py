@@ -148,6 +148,8 @@ class Stages:
         except Exception as exc:  # noqa: BLE001 - otherwise a work dir we cannot diff is an infrastructure fault
             return StageResult(Fault.SANDBOX_CRASH, f"collecting the diff failed: {type(exc).__name__}: {exc}")
         ep.metrics["diff_bytes"] = len(ep.diff)
+        # for people (the report, spool inspect): the head of the diff; EVAL uses ep.diff itself
+        ep.metrics["diff"] = ep.diff[:DIFF_SHOWN_CHARS] + ("\n[... diff cut]" if len(ep.diff) > DIFF_SHOWN_CHARS else "")
         return StageResult()
 
     def evaluate(self, ep: Episode, may_retry: Callable[[], bool]) -> EvalOutcome:
@@ -174,6 +176,9 @@ class Stages:
             return self.ops.evaluate(ep.group.task, ep.diff, scratch, self.rollout.eval_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the harness itself broke: infrastructure
             return EvalOutcome(None, Status.HARNESS_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+DIFF_SHOWN_CHARS = 8192  # of the diff kept in the trajectory's metrics (a shard row stays small)
 
 
 def _timed_out(out: EpisodeOutput | None) -> EpisodeOutput:
