@@ -79,16 +79,26 @@ def serve(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[by
     return proc, str(json.loads(ready.read_text())["url"])
 
 
-def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> None:
-    paths, cfg = make_run(tmp_path, tiny_model)
-    proc, url = serve(tiny_model, tmp_path)
+def announce(paths: RunPaths, url: str, name: str = "test") -> None:
+    (paths.endpoints / f"infer-{name}.json").write_text(json.dumps(
+        {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+
+
+def run_against_server(paths: RunPaths, cfg: Any, tmp_path: Path, model: Path, *serve_args: str) -> str:
+    """A real ``spoolrl serve`` announced in RUN/endpoints, one node pass over the run's tasks; its URL."""
+    proc, url = serve(model, tmp_path, *serve_args)
     try:
-        (paths.endpoints / "infer-test.json").write_text(json.dumps(
-            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        announce(paths, url)
         run_node(paths, cfg, tmp_path)
     finally:
         proc.kill()
         proc.wait()
+    return url
+
+
+def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> None:
+    paths, cfg = make_run(tmp_path, tiny_model)
+    url = run_against_server(paths, cfg, tmp_path, tiny_model)
     groups = written(paths, cfg)
     assert sorted(groups) == sorted(IDS)
     for trajs in groups.values():
@@ -110,14 +120,7 @@ def test_server_context_length_ends_episodes_as_truncated_not_inference_errors(t
     limit = 700
     paths, cfg = make_run(tmp_path, tiny_model, "rollout.max_tokens=1536", "rollout.max_turns=40",
                           "rollout.max_new_tokens_per_turn=48")
-    proc, url = serve(tiny_model, tmp_path, "--max-model-len", str(limit))
-    try:
-        (paths.endpoints / "infer-test.json").write_text(json.dumps(
-            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
-        run_node(paths, cfg, tmp_path)
-    finally:
-        proc.kill()
-        proc.wait()
+    run_against_server(paths, cfg, tmp_path, tiny_model, "--max-model-len", str(limit))
     trajs = [t for ts in written(paths, cfg).values() for t in ts]
     assert len(trajs) == 4
     for t in trajs:
@@ -164,8 +167,7 @@ def test_waiting_for_a_slow_server_is_not_charged_to_the_episode_limit(tmp_path:
     url = engine.start()
     try:
         paths, cfg = make_run(tmp_path, tiny_model, "rollout.run_timeout_s=2", "rollout.max_turns=4")
-        (paths.endpoints / "infer-slow.json").write_text(json.dumps(
-            {"url": url, "version": VERSION, "heartbeat": 1, "role": "infer"}))
+        announce(paths, url, "slow")
         run_node(paths, cfg, tmp_path)
     finally:
         engine.stop()
