@@ -57,7 +57,7 @@ class RunConfig:
                 "algorithm.group_size: 1 makes every group zero-variance, so drop_zero_variance would drop all; "
                 "use group_size >= 2 or drop_zero_variance: false"
             )
-        problems += self._sampling_problems() + self._length_problems() + self._stop_problems()
+        problems += self._sampling_problems() + self._length_problems()
         if self.trainer.precision == "bf16" and self.slurm.train.gpus_per_node == 0:
             problems.append(
                 "trainer.precision: bf16 without GPUs (slurm.train.gpus_per_node: 0) is slow on CPU; "
@@ -86,17 +86,6 @@ class RunConfig:
                             "raise trainer.max_seq_len")
         return problems
 
-
-    def _stop_problems(self) -> list[str]:
-        """At the job's end the inference servers wait for the rollout drain; the grace must cover it."""
-        from hpc.rollout_presence import DRAIN_MARGIN_S
-
-        need = self.rollout.drain_timeout_s + DRAIN_MARGIN_S
-        if self.slurm.stop_grace_s >= need:
-            return []
-        return [f"slurm.stop_grace_s: {self.slurm.stop_grace_s} s is shorter than rollout.drain_timeout_s "
-                f"({self.rollout.drain_timeout_s:g} s) + {DRAIN_MARGIN_S:g} s, so the job would kill the rollout drain "
-                "(and the inference that waits for it); raise stop_grace_s or lower drain_timeout_s"]
 
 
 def config_from_dict(data: Mapping[str, Any]) -> RunConfig:

@@ -56,6 +56,10 @@ from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
 BASH_ARGS = ["bash", "--norc", "--noprofile", "--noediting", "-i"]
 GRACE_S = 2.0          # after Ctrl-C, how long the job may take to give the prompt back
 SPAWN_TIMEOUT_S = 30.0
+
+
+class _SilentDeath(SandboxError):
+    """The shell ended before printing anything (see :meth:`PtyShell.spawn`)."""
 READ_CHUNK = 1 << 20
 SEND_CHUNK = 4096
 FLOOD_PAUSE_S = 0.005  # pause between reads once output is being truncated (back-pressure)
@@ -109,7 +113,18 @@ class PtyShell:
 
     # -------------------------------------------------------------- lifecycle
     def spawn(self) -> float:
-        """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError."""
+        """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError.
+
+        A shell that dies before printing anything is started once more: under heavy parallel load
+        (two harness evaluations at a time on 2 busy cores) about 1 start in 50 was seen to end that
+        way with nothing to show for it, and the second start works; a shell that prints an error, or
+        dies twice, is a SandboxError naming its exit status."""
+        try:
+            return self._spawn_once()
+        except _SilentDeath:
+            return self._spawn_once()
+
+    def _spawn_once(self) -> float:
         t0 = time.monotonic()
         nonce = secrets.token_hex(8)
         self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d{1,3})\x1e")  # status <= 255: a forged huge one is output
@@ -136,8 +151,12 @@ class PtyShell:
         try:
             self._read_until_marker(buf, t0 + SPAWN_TIMEOUT_S)
         except (ShellDied, TimeoutError) as exc:
-            self.kill()
-            raise SandboxError(f"the sandbox shell did not start: {buf.text().strip()[-2000:]!r}") from exc
+            status = self.kill()
+            text = buf.text().strip()
+            if isinstance(exc, ShellDied) and not text and self.spawns == 1:
+                raise _SilentDeath(f"exit status {status}") from exc
+            raise SandboxError(f"the sandbox shell did not start (exit status {status}, after {self.spawns} "
+                               f"start(s)): {text[-2000:]!r}") from exc
         return time.monotonic() - t0
 
     @property

@@ -425,7 +425,9 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     assert [g["role"] for g in groups] == ["train", "infer", "rollout"]
     assert all(g["state"] == "RUNNING" for g in groups), groups
     endpoints = [e for s in before_cancel for e in s["endpoints"]]
-    assert endpoints and all(e["role"] == "infer" and e["url"].startswith("http://127.0.0.1:") for e in endpoints)
+    servers = [e for e in endpoints if e["role"] == "infer"]  # besides: rollout presence and loading pins
+    assert servers and all(e["url"].startswith("http://127.0.0.1:") for e in servers), endpoints
+    assert {e["role"] for e in endpoints} <= {"infer", "rollout", "loading"}, endpoints
     stopped = log.wait("the cancelled job to end", lambda s: _job_done(s, job1), timeout_s=90, every_s=1)
     assert _job(stopped, job1)["state"].startswith("CANCELLED"), _job(stopped, job1)
     # sacct says CANCELLED at once; the steps still have KillWait to act on their SIGTERM (the
