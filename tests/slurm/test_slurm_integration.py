@@ -85,7 +85,8 @@ def test_groups_placement_logs_and_submitit_tracking(run_dir: Path, fake_python:
     left = by_role["rollout"][0].remaining_s()  # 22.05 exports no SLURM_JOB_END_TIME: squeue answers
     assert left is not None and 200 < left <= 300
     init = (paths.root / "fake" / "init.log").read_text()
-    assert f"init {paths.root} --config {paths.root}/run.yaml --if-missing" in init
+    # the job's first step freezes (or checks) RUN from the config embedded in the script, by digest
+    assert f"init {paths.root} --if-missing --expect-digest sha256:" in init and "--config /dev/stdin" in init
     for role in ("train", "infer", "rollout"):
         assert list((paths.logs / role).glob(f"{job.job_id}-r0-*.log")), f"no {role} log"
     assert "started the rollout step" in _batch_log(paths, job)
