@@ -79,14 +79,17 @@ def _as_int(text: str | None) -> int | None:
 
 
 def trainer_part(paths: RunPaths) -> dict[str, tp.Any]:
+    """LATEST is JSON ``{tag, step, generation}`` (a bare tag in older runs): the tag and its step."""
     checkpoint = _read_text(paths.checkpoint_latest)
     step = _as_int(checkpoint)
     if step is None and checkpoint:
         try:
             meta = json.loads(checkpoint)
-            step = int(meta["step"]) if isinstance(meta, dict) and "step" in meta else None
+            if isinstance(meta, dict):
+                step = int(meta["step"]) if "step" in meta else None
+                checkpoint = str(meta["tag"]) if meta.get("tag") else checkpoint
         except (ValueError, TypeError, KeyError):
-            step = _as_int("".join(ch for ch in checkpoint.split("/")[-1] if ch.isdigit()) or None)
+            step = _as_int("".join(ch for ch in checkpoint.split("/")[-1].split("-")[0] if ch.isdigit()) or None)
     return {"policy_version": _as_int(_read_text(paths.policy_latest)), "checkpoint": checkpoint, "step": step}
 
 

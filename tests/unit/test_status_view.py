@@ -41,3 +41,15 @@ def test_live_view_redraws(tmp_path: Path) -> None:
     watch(paths.root, out, interval_s=0.01, max_updates=2)
     assert out.getvalue().count("\x1b[H\x1b[2J") == 2
     assert "refreshing every" in out.getvalue()
+
+
+def test_trainer_part_reads_both_latest_formats(tmp_path: Path) -> None:
+    from hpc.paths import RunPaths
+    from hpc.status import trainer_part
+
+    paths = RunPaths(tmp_path)
+    paths.checkpoint_latest.parent.mkdir(parents=True)
+    paths.checkpoint_latest.write_text('{"generation": 2, "step": 7, "tag": "step_000007-g2"}\n')
+    assert trainer_part(paths) == {"policy_version": None, "checkpoint": "step_000007-g2", "step": 7}
+    paths.checkpoint_latest.write_text("step_000005-g1\n")  # a bare tag (older runs)
+    assert trainer_part(paths)["step"] == 5 and trainer_part(paths)["checkpoint"] == "step_000005-g1"
