@@ -32,6 +32,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import re
 import time
 import typing as tp
 from pathlib import Path
@@ -89,7 +90,8 @@ def trainer_part(paths: RunPaths) -> dict[str, tp.Any]:
                 step = int(meta["step"]) if "step" in meta else None
                 checkpoint = str(meta["tag"]) if meta.get("tag") else checkpoint
         except (ValueError, TypeError, KeyError):
-            step = _as_int("".join(ch for ch in checkpoint.split("/")[-1].split("-")[0] if ch.isdigit()) or None)
+            found = re.search(r"\d+", checkpoint.split("/")[-1])  # step_000007, step-000040, step_000007-g2
+            step = _as_int(found.group(0)) if found else None
     return {"policy_version": _as_int(_read_text(paths.policy_latest)), "checkpoint": checkpoint, "step": step}
 
 
