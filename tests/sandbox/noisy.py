@@ -42,6 +42,15 @@ def latencies(quiet: list[Sandbox], rounds: int) -> list[list[float]]:
     return out
 
 
+def autogroup(sb: Sandbox) -> str:
+    """The scheduler autogroup line of the sandbox shell's launcher, read from the host ("" without autogroup)."""
+    pid = sb.shell.pid
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().strip()
+    except OSError:
+        return ""
+
+
 def noise_loop(sb: Sandbox, stop: threading.Event, report: dict) -> None:
     while not stop.is_set():
         r = sb.run(NOISE, timeout_s=2)
@@ -59,6 +68,7 @@ def main() -> None:
     normal: list[list[float]] = [[] for _ in quiet]
     during: list[list[float]] = [[] for _ in quiet]
     report = {"runs": 0, "watchdog_kills": 0, "flood_bytes": 0}
+    demotion: list[str] = []
     # Interleaved quiet and noisy windows: a change in the machine's other load hits both alike.
     for _ in range(CYCLES):
         for i, lat in enumerate(latencies(quiet, ROUNDS)):
@@ -71,15 +81,19 @@ def main() -> None:
             during[i] += lat
         stop.set()
         thread.join(30)
-        noisy.run("true", timeout_s=30)  # whatever the noise left running is killed with its sandbox
+        noisy.run("true", timeout_s=30)  # a fresh shell in the penalty box: demoted at the watchdog's next scan
+        time.sleep(0.5)
+        demotion.append(autogroup(noisy))
     alive = noisy.run("echo alive", timeout_s=30).output
+    quiet_groups = [autogroup(sb) for sb in quiet]
     for sb in sbs:
         sb.close()
     print(json.dumps({
         "runtime": RUNTIME, "command": COMMAND, "rounds": ROUNDS * CYCLES,
         "normal_ms": [statistics.median(x) for x in normal],
         "noisy_ms": [statistics.median(x) for x in during],
-        "noise": report, "noisy_sandbox_after": alive, "noise_thread_done": not thread.is_alive(),
+        "noise": report, "noisy_sandbox_after": alive, "noisy_autogroup": demotion,
+        "quiet_autogroup": quiet_groups, "noise_thread_done": not thread.is_alive(),
     }))
 
 
