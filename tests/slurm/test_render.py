@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,11 @@ import pytest
 from hpc.cli import main
 from hpc.config import load_config
 from hpc.render import (
+    TEMPLATE_DIR,
     TemplateError,
     fill,
     joined_text,
+    load_template,
     render,
     render_scale,
     sbatch_quote,
@@ -139,3 +142,17 @@ def test_dry_run_prints_exactly_what_render_writes(tmp_path: Path, capsys: pytes
     assert not Path(run).exists()  # rendering and dry runs create nothing
     assert main(["render", "--config", str(config), "--run", run, "slurm.time_limit_min=30"]) == 0
     assert capsys.readouterr().out == printed
+
+
+def test_templates_are_package_data() -> None:
+    """A wheel (non-editable) install carries every template, so it renders the same script."""
+    tomllib = pytest.importorskip("tomllib", reason="stdlib from Python 3.11 (CI runs 3.11)")
+    root = Path(__file__).resolve().parents[2]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setuptools["package-data"]["hpc"]
+    templates = sorted((root / "hpc" / TEMPLATE_DIR).iterdir())
+    assert templates
+    for path in templates:
+        rel = f"{TEMPLATE_DIR}/{path.name}"
+        assert any(fnmatch(rel, pattern) for pattern in patterns), f"{rel} is not package data of hpc"
+        assert load_template(path.name) == path.read_text()
