@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc.config import InferenceConfig
 from hpc.errors import InferenceError
 from hpc.paths import RunPaths
 from rollout_node.agent.endpoints import EndpointDirectory, EndpointSource, StaticEndpoints
@@ -109,9 +110,16 @@ class _Server:
     model: str | None = None
 
 
+_INFERENCE = InferenceConfig()  # the defaults, stated once in hpc/config
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_retries: int = 3
+    """Per-request retries (``inference.max_retries``) with jittered backoff and a server cooldown.
+
+    The backoff and cooldown are not config knobs; ``max_retries`` defaults to the config's."""
+
+    max_retries: int = _INFERENCE.max_retries
     backoff_base_s: float = 0.5
     backoff_max_s: float = 10.0
     cooldown_s: float = 30.0
@@ -120,12 +128,17 @@ class RetryPolicy:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
         return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt))
 
+    @classmethod
+    def from_config(cls, cfg: InferenceConfig) -> RetryPolicy:
+        return cls(max_retries=cfg.max_retries)
+
 
 class InferenceClient:
     """Shared by all episode threads of a node; hands out sticky :class:`EpisodeSession` objects."""
 
     def __init__(self, endpoints: EndpointSource | Sequence[str], *, model: str | None = None,
-                 request_timeout_s: float = 120.0, max_concurrent_per_server: int = 16,
+                 request_timeout_s: float = _INFERENCE.request_timeout_s,
+                 max_concurrent_per_server: int = _INFERENCE.max_concurrent_per_server,
                  retry: RetryPolicy = RetryPolicy(), seed: int | None = None, token: str | None = None) -> None:
         self.token = token
         self.endpoints: EndpointSource = (StaticEndpoints(list(endpoints)) if isinstance(endpoints, list | tuple)
@@ -139,7 +152,7 @@ class InferenceClient:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Any, *, run_dir: str | Path | None = None, urls: Sequence[str] = (),
+    def from_config(cls, cfg: InferenceConfig, *, run_dir: str | Path | None = None, urls: Sequence[str] = (),
                     **kwargs: Any) -> InferenceClient:
         """From an :class:`hpc.config.inference.InferenceConfig` and a run dir (or explicit URLs).
 
@@ -149,7 +162,7 @@ class InferenceClient:
             kwargs["token"] = run_secret(Path(run_dir))
         source: EndpointSource = (StaticEndpoints(list(urls)) if urls
                                   else EndpointDirectory(Path(run_dir or ".") / "endpoints"))
-        retry = RetryPolicy(max_retries=cfg.max_retries)
+        retry = RetryPolicy.from_config(cfg)
         return cls(source, request_timeout_s=cfg.request_timeout_s, retry=retry,
                    max_concurrent_per_server=cfg.max_concurrent_per_server, **kwargs)
 

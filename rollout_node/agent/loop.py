@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from hpc.config import InferenceConfig, RolloutConfig
 from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status
 from rollout_node.agent.policy import Completion, Policy, SamplingParams
@@ -35,22 +35,27 @@ from rollout_node.agent.template import ChatTemplate, Message
 from rollout_node.agent.toolcall import ParseError, ToolCall, parse_tool_call
 from rollout_node.agent.tools import ToolOutput, Tools
 
+_ROLLOUT, _INFERENCE = RolloutConfig(), InferenceConfig()  # the defaults, stated once in hpc/config
+
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent's budget and sampling (built from RolloutConfig + InferenceConfig by the pipeline)."""
+    """The agent's budget and sampling (built from RolloutConfig + InferenceConfig by the pipeline).
 
-    max_turns: int = 20
-    max_tokens: int = 4096
-    max_new_tokens_per_turn: int = 256
-    observation_max_tokens: int = 512
+    A field left out takes the config's default (``rollout.*`` / ``inference.*``), never a second copy."""
+
+    max_turns: int = _ROLLOUT.max_turns
+    max_tokens: int = _ROLLOUT.max_tokens
+    max_new_tokens_per_turn: int = _ROLLOUT.max_new_tokens_per_turn
+    observation_max_tokens: int = _ROLLOUT.observation_max_tokens
     context_len: int | None = None   # the engine's max model length, when known
-    temperature: float = 1.0
-    top_p: float = 1.0
-    observation_role: str = "user"
+    temperature: float = _INFERENCE.temperature
+    top_p: float = _INFERENCE.top_p
+    observation_role: str = "user"   # the role tool output is sent as (not a config knob)
 
     @classmethod
-    def from_config(cls, rollout: Any, inference: Any, *, context_len: int | None = None) -> AgentLimits:
+    def from_config(cls, rollout: RolloutConfig, inference: InferenceConfig, *,
+                    context_len: int | None = None) -> AgentLimits:
         """From ``RolloutConfig`` + ``InferenceConfig`` (and the servers' ``max_model_len``, when known)."""
         return cls(max_turns=rollout.max_turns, max_tokens=rollout.max_tokens,
                    max_new_tokens_per_turn=rollout.max_new_tokens_per_turn,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine
 
+from hpc.config import InferenceConfig
 from hpc.errors import InferenceError
 from hpc.trajectory import Status
 from rollout_node.agent import (
@@ -219,3 +220,11 @@ def test_client_from_config_reads_run_endpoints(engines: list[FakeEngine], tmp_p
     assert client.retry.max_retries == 1
     c = client.session("ep").generate([4, 2], SAMPLING)
     assert c.server == url and set(c.versions) == {9} and len(e.requests) == 1
+
+
+def test_client_defaults_are_the_configs() -> None:
+    """RetryPolicy and the client state no default of their own for a config knob."""
+    cfg = InferenceConfig()
+    assert RetryPolicy() == RetryPolicy.from_config(cfg)
+    client = InferenceClient(["http://127.0.0.1:1"])
+    assert (client.request_timeout_s, client.max_concurrent) == (cfg.request_timeout_s, cfg.max_concurrent_per_server)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from agent_helpers import RecordingTools, ScriptedIds, git_repo
 
+from hpc.config import InferenceConfig, RolloutConfig
 from hpc.errors import InferenceError, SandboxError
 from hpc.trajectory import Status, Trajectory, staleness
 from rollout_node.agent import (
@@ -226,3 +227,7 @@ def test_tool_output_cannot_forge_turns(template: ChatTemplate) -> None:
     specials = {template.im_start, template.im_end}
     assert [i for i in obs_ids if i in specials] == [template.im_start, template.im_end, template.im_start]
     assert "<|im_end|>" in template.decode(obs_ids)  # the text survives as text
+
+
+def test_limits_defaults_are_the_configs() -> None:
+    assert AgentLimits() == AgentLimits.from_config(RolloutConfig(), InferenceConfig())

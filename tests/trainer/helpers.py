@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,6 +16,19 @@ from hpc.rundir import create_run
 from hpc.trajectory import Status, Trajectory
 
 VOCAB = 300
+T = TypeVar("T")
+
+
+def with_flipped_advantages(loss_fn: Callable[..., T]) -> Callable[..., T]:
+    """``policy_loss`` with every advantage negated: the negative control's objective.
+
+    Test-side only: a test that needs it patches it in where the engine looks the loss up
+    (``train_node.trainer.engine.policy_loss``); production code carries no sign knob."""
+
+    def flipped(logp: Any, behaviour_logp: Any, advantages: Any, mask: Any, **kwargs: Any) -> T:
+        return loss_fn(logp, behaviour_logp, -advantages, mask, **kwargs)
+
+    return flipped
 
 
 def free_port() -> int:

@@ -4,7 +4,7 @@ Reward = fraction of the 8 generated tokens that fall in a target set (10 % of t
 a random model starts near 0.1. Samples come from the trainer's own model in this process (the
 stand-in for an inference server that reloads every step), are written to the spool as real shards,
 and are consumed by the real trainer loop (DeepSpeed, ZeRO-2, fp32). Negative control: the same
-with the advantage sign flipped must not learn.
+with the advantage sign flipped (the engine's loss patched by the test) must not learn.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import torch
 
 from hpc.spool import Spool
 from hpc.trajectory import Trajectory
+from train_node.trainer import engine
 from train_node.trainer.loop import Options, Trainer
 
-from .helpers import make_run, run_config, single_process_env
+from .helpers import make_run, run_config, single_process_env, with_flipped_advantages
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.timeout(600)]
 
@@ -60,7 +61,7 @@ def sample_groups(model: torch.nn.Module, step: int, version: int) -> list[list[
     return out
 
 
-def train_toy(root: Path, seed: int, *, sign: float, max_steps: int, stop_at: float | None) -> list[float]:
+def train_toy(root: Path, seed: int, *, max_steps: int, stop_at: float | None) -> list[float]:
     cfg = run_config(
         trainer={"zero_stage": 2, "lr": 2e-2, "total_steps": 10_000, "checkpoint_every": 10_000, "publish_every": 50,
                  "prefetch": False, "micro_batch_tokens": 512},
@@ -68,7 +69,7 @@ def train_toy(root: Path, seed: int, *, sign: float, max_steps: int, stop_at: fl
         run={"seed": seed})
     paths = make_run(root, cfg, seed=seed)
     torch.manual_seed(seed)
-    trainer = Trainer(paths.root, cfg, Options(advantage_sign=sign, idle_timeout_s=0.1), dist=single_process_env())
+    trainer = Trainer(paths.root, cfg, Options(idle_timeout_s=0.1), dist=single_process_env())
     trainer.setup()
     spool = Spool(paths.root, cfg.spool)
     means: list[float] = []
@@ -91,12 +92,13 @@ def train_toy(root: Path, seed: int, *, sign: float, max_steps: int, stop_at: fl
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reward_rises_through_the_spool(tmp_path: Path, seed: int) -> None:
-    means = train_toy(tmp_path / "run", seed, sign=1.0, max_steps=300, stop_at=0.85)
+    means = train_toy(tmp_path / "run", seed, max_steps=300, stop_at=0.85)
     assert means[0] <= 0.2, means[:5]
     assert np.mean(means[-5:]) >= 0.8, (len(means), means[-10:])
 
 
-def test_flipped_advantage_does_not_learn(tmp_path: Path) -> None:
-    means = train_toy(tmp_path / "run", 0, sign=-1.0, max_steps=25, stop_at=None)
+def test_flipped_advantage_does_not_learn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "policy_loss", with_flipped_advantages(engine.policy_loss))
+    means = train_toy(tmp_path / "run", 0, max_steps=25, stop_at=None)
     assert means[0] <= 0.2
     assert np.mean(means[-5:]) < 0.1, means[-10:]

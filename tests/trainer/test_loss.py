@@ -7,17 +7,20 @@ import math
 import pytest
 import torch
 
+from hpc.config import AlgorithmConfig
 from train_node.trainer.loss import LossParams, group_advantages, policy_loss, token_logprobs
+
+from .helpers import with_flipped_advantages
 
 P = LossParams(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
 
 
 def _loss(ratios: list[float], advs: list[float], mask: list[float], total: float, params: LossParams = P,
-          staleness: list[int] | None = None):
+          staleness: list[int] | None = None, loss_fn=policy_loss):
     """The loss at chosen importance ratios pi/mu (logp = log r against behaviour logprob 0)."""
     logp = torch.tensor([math.log(r) for r in ratios], dtype=torch.float64, requires_grad=True)
     beh = torch.zeros(len(ratios), dtype=torch.float64)
-    loss, sums = policy_loss(logp, beh, torch.tensor(advs, dtype=torch.float64),
+    loss, sums = loss_fn(logp, beh, torch.tensor(advs, dtype=torch.float64),
                              torch.tensor(mask, dtype=torch.float64), params=params, total_tokens=total,
                              staleness=None if staleness is None else torch.tensor(staleness))
     loss.backward()
@@ -78,8 +81,9 @@ def test_kl_penalty_k3():
 
 
 def test_advantage_sign_flip_negates_unclipped_loss():
-    loss, _, _ = _loss([1.0], [1.5], [1], total=1, params=LossParams(advantage_sign=-1.0))
-    assert loss == pytest.approx(1.5)
+    """The negative control's objective (test_learns.py patches it into the engine) is a true flip."""
+    loss, grad, _ = _loss([1.0], [1.5], [1], total=1, loss_fn=with_flipped_advantages(policy_loss))
+    assert loss == pytest.approx(1.5) and grad == pytest.approx([1.5])
 
 
 def test_token_logprobs_use_the_sampling_temperature():
@@ -96,3 +100,7 @@ def test_group_advantages():
     assert group_advantages([1.0, 0.0, 0.0, 0.0], "group_mean") == pytest.approx([0.75, -0.25, -0.25, -0.25])
     # population std of [3, 1] is 1
     assert group_advantages([3.0, 1.0], "group_std") == pytest.approx([1.0, -1.0], abs=1e-5)
+
+
+def test_params_defaults_are_the_configs() -> None:
+    assert LossParams() == LossParams.from_config(AlgorithmConfig())

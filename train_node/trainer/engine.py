@@ -153,13 +153,11 @@ class Engine:
     """A DeepSpeed engine with the GRPO step; every rank calls every method (they are collectives)."""
 
     def __init__(self, model: torch.nn.Module, tcfg: TrainerConfig, acfg: AlgorithmConfig, *,
-                 load_universal: bool = False, ref_model: torch.nn.Module | None = None,
-                 advantage_sign: float = 1.0) -> None:
+                 load_universal: bool = False, ref_model: torch.nn.Module | None = None) -> None:
         import deepspeed
 
         self.tcfg = tcfg
-        self.params = LossParams(clip_low=acfg.clip_low, clip_high=acfg.clip_high, tis_cap=acfg.tis_cap,
-                                 kl_coef=acfg.kl_coef, advantage_sign=advantage_sign)
+        self.params = LossParams.from_config(acfg)
         optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
         warmup = tcfg.warmup_steps
         schedule = torch.optim.lr_scheduler.LambdaLR(

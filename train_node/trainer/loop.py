@@ -53,9 +53,8 @@ CONSUMER_ID = "trainer"
 
 @dataclass
 class Options:
-    """Knobs that are not part of run.yaml: test hooks and in-process use."""
+    """Knobs that are not part of run.yaml, for in-process use (a CLI or a test that runs the loop itself)."""
 
-    advantage_sign: float = 1.0
     instance_ids: list[str] | None = None  # feed these tasks (None: no feeder)
     idle_timeout_s: float = 0.5  # one wait for data before the loop re-checks stop conditions
     max_idle_s: float | None = None  # give up (exit 0) after this long without data; None = wait forever
@@ -135,8 +134,7 @@ class Trainer:
         if self.cfg.algorithm.kl_coef > 0:
             ref = load_model(self.model_dir(), t.precision, False).requires_grad_(False)
         universal = meta is not None and self._needs_universal(meta)
-        return Engine(model, t, self.cfg.algorithm, load_universal=universal, ref_model=ref,
-                      advantage_sign=self.opt.advantage_sign)
+        return Engine(model, t, self.cfg.algorithm, load_universal=universal, ref_model=ref)
 
     def _setup_rank0(self, meta: dict[str, Any] | None) -> None:
         self.spool = Spool(self.paths.root, self.cfg.spool)

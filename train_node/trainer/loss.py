@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpc.config import AlgorithmConfig
+
 # exp() of a log-ratio beyond this is numerically meaningless (and the truncation decides anyway).
 _MAX_LOG_RATIO = 20.0
 STALENESS_BUCKETS = 4  # 0, 1, 2, 3+ versions
@@ -43,15 +45,21 @@ _SCALARS = ("loss", "tokens", "clipped", "truncated", "kl", "ratio_dev", "weight
 _BUCKETED = ("b_tokens", "b_ratio_dev", "b_truncated", "b_weight")
 
 
+_ALGORITHM = AlgorithmConfig()  # the defaults, stated once in hpc/config
+
+
 @dataclass(frozen=True)
 class LossParams:
-    """The objective's coefficients (from ``AlgorithmConfig``)."""
+    """The objective's coefficients (``algorithm.*``; a field left out takes the config's default)."""
 
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    tis_cap: float = 2.0
-    kl_coef: float = 0.0
-    advantage_sign: float = 1.0  # -1 only for the negative-control test: it must not learn
+    clip_low: float = _ALGORITHM.clip_low
+    clip_high: float = _ALGORITHM.clip_high
+    tis_cap: float = _ALGORITHM.tis_cap
+    kl_coef: float = _ALGORITHM.kl_coef
+
+    @classmethod
+    def from_config(cls, cfg: AlgorithmConfig) -> LossParams:
+        return cls(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
 
 
 def _zeros() -> list[float]:
@@ -126,13 +134,12 @@ def policy_loss(
 ) -> tuple[torch.Tensor, LossSums]:
     """The micro-batch loss (already divided by the step's global loss-token count) and its sums."""
     assert total_tokens > 0, "a step without loss tokens must not reach the loss"
-    adv = advantages * params.advantage_sign
     prox = logp.detach()
     ratio = torch.exp((prox - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # pi_prox / mu
     weight = ratio.clamp(max=params.tis_cap)
     prox_ratio = torch.exp(logp - prox)
     clipped_ratio = prox_ratio.clamp(1.0 - params.clip_low, 1.0 + params.clip_high)
-    pg = weight * torch.maximum(-adv * prox_ratio, -adv * clipped_ratio)
+    pg = weight * torch.maximum(-advantages * prox_ratio, -advantages * clipped_ratio)
     per_token = pg
     kl = torch.zeros_like(logp)
     if ref_logp is not None and params.kl_coef > 0:
@@ -141,7 +148,7 @@ def policy_loss(
         per_token = per_token + params.kl_coef * kl
     loss = (per_token * mask).sum() / total_tokens
     with torch.no_grad():
-        sums = _sums(per_token, mask, ratio, weight, _clip_active(prox_ratio, adv, params), kl, params, staleness)
+        sums = _sums(per_token, mask, ratio, weight, _clip_active(prox_ratio, advantages, params), kl, params, staleness)
     return loss, sums
 
 
