@@ -182,17 +182,6 @@ def submit(paths: RunPaths, jobs: list[RenderedJob], *, kind: str) -> list[tuple
     return submitted
 
 
-def launch_run(config: tp.Any, run_dir: str | Path, *, source: str = "python") -> list[HetSlurmJob]:
-    """From Python: create the run directory, submit its job(s), return submitit handles
-    (``job.state``, ``job.done()``, ``job.cancel()``, ``job.group_states(n)``)."""
-    from hpc.cli_run import init_run
-    from hpc.render import render
-
-    jobs = render(config, run_dir, source=source)
-    paths = init_run(str(run_dir), config)
-    return [handle for _, handle in submit(paths, jobs, kind="launch")]
-
-
 def active_jobs(paths: RunPaths) -> list[tuple[JobRecord, str]]:
     """Known jobs that Slurm still runs or queues, with their state."""
     records = known_jobs(paths)

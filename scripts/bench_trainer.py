@@ -146,7 +146,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    from hpc.cli_util import print_json
+    from hpc.cli.util import print_json
 
     port = 29700 + os.getpid() % 1000
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:

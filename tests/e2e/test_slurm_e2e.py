@@ -116,7 +116,7 @@ def _config_dict(python: Path, scratch: Path) -> dict[str, Any]:
                     "drain_timeout_s": 3.0},
         "inference": {"interface": "lo"},
         "spool": {"shard_max_age_s": 2.0, "poll_interval_s": 1.0},
-        # The rollout node's scratch is per test run: rollout_node/pipeline/cli.py names it
+        # The rollout node's scratch is per test run: hpc/cli/rollout.py names it
         # <scratch>/spoolrl-rollout for every user, so one made by root (spoolrl demo) blocks the CI user.
         "sandbox": {"scratch_dir": str(scratch)},
         "slurm": {
@@ -400,7 +400,7 @@ def squeue_gres(job_id: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------ tests
 def _launch(python: Path, config: Path, run: Path) -> str:
-    code = ("import sys; from hpc.config import load_config; from hpc.launch import launch_run; "
+    code = ("import sys; from hpc.config import load_config; from hpc.cli.launch import launch_run; "
             "jobs = launch_run(load_config(sys.argv[1]), sys.argv[2], source='e2e test'); print(jobs[0].job_id)")
     out = _as_ci([str(python), "-c", code, str(config), str(run)], timeout=300)
     assert out.returncode == 0, out.stderr

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpc.demo_model import expected_reward, measure, warm_model
+from hpc.cli.demo_model import expected_reward, measure, warm_model
 from rollout_node.tasks.builtin.pick import VALUES
 
 pytestmark = [pytest.mark.e2e]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from infer_helpers import forward_logprobs, http, vllm_unavailable, vllm_venv
 
-from hpc.cli_run import init_run
+from hpc.cli.run import init_run
 from hpc.config import load_config
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths

@@ -17,7 +17,7 @@ from typing import Any
 
 from infer_helpers import forward_logprobs, http
 
-from hpc.cli_run import init_run
+from hpc.cli.run import init_run
 from hpc.config import load_config
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths

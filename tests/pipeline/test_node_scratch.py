@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpc.cli_run import init_run
+from hpc.cli.run import init_run
 from hpc.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

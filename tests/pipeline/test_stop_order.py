@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from hpc.cli_run import init_run
+from hpc.cli.run import init_run
 from hpc.config import load_config
 from hpc.paths import RunPaths
 from hpc.spool import Spool

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from hpc.cli_util import add_run_arg, print_json, stdout_to_stderr
+from hpc.cli.util import add_run_arg, print_json, stdout_to_stderr
 
 
 def register(sub: Any) -> None:

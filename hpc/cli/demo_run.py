@@ -11,7 +11,7 @@ processes a Slurm job would start. Guarantees:
   continues the same run from its checkpoint and spool.
 - It learns: by default it trains on the learnable built-in family (``tasks.source: builtin-pick``:
   write the one of 4 values the statement names) from the tiny model warm-started on format-only
-  episodes (:mod:`hpc.demo_model`: well-formed calls, reward ~1/4 before RL), sampling at
+  episodes (:mod:`hpc.cli.demo_model`: well-formed calls, reward ~1/4 before RL), sampling at
   temperature 0.7 with a live policy reload after every step; the reward rises to >= 0.8 within
   the default steps. ``model.path=tiny`` gives the random model, ``tasks.source=builtin`` the
   bug fixes (reward stays 0: that shows the machinery, not learning).
@@ -34,7 +34,7 @@ from hpc.errors import SandboxError, SpoolrlError, UsageError
 from hpc.paths import RunPaths
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
-# model.path is filled in by demo_config: the warm-started tiny model of hpc.demo_model (unless overridden).
+# model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
 DEMO_OVERRIDES = (
     "run.name=demo",
     "tasks.source=builtin-pick", "tasks.epochs=1000",
@@ -76,11 +76,11 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
     config = load_config(None, [*base, *overrides])
     if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
-        from hpc.cli_util import warn_unchecked_model
+        from hpc.cli.util import warn_unchecked_model
 
         warn_unchecked_model(config)  # an unsupported chat template stops the demo before anything starts
         return config
-    from hpc.demo_model import warm_model
+    from hpc.cli.demo_model import warm_model
 
     t0 = time.monotonic()
     model = warm_model(seed=config.run.seed)
@@ -238,7 +238,7 @@ def role_errors(jobs: RoleJobs) -> dict[str, str]:
 
 def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: list[str]) -> tuple[RunPaths, int]:
     """Create a fresh demo run, or reopen one to resume; returns its paths and the step target."""
-    from hpc.cli_run import init_run
+    from hpc.cli.run import init_run
     from hpc.rundir import open_run
 
     if resume is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hpc.cli_util import print_json, stdout_to_stderr
+from hpc.cli.util import print_json, stdout_to_stderr
 
 
 def register(sub: Any) -> None:

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.cli_util import add_run_arg
+from hpc.cli.util import add_run_arg
 
 DRAIN_SIGNALS = ("SIGUSR1", "SIGTERM", "SIGINT")
 EXIT_FAILING = 3  # the node stopped itself (rollout_node.pipeline.health)

@@ -1,8 +1,8 @@
 """The demo's policy before RL: the tiny model, warm-started on format-only ``builtin-pick`` episodes.
 
-Part of the CLI face (with ``hpc/demo.py``): it joins the rollout side (the agent's pieces build the
-transcripts) and the model side (``train_node.infer.warm`` fits and samples), so both are imported
-inside the functions only.
+Part of the CLI face (with :mod:`hpc.cli.demo_run`): it joins the rollout side (the agent's pieces
+build the transcripts) and the model side (``train_node.infer.warm`` fits and samples), which only the
+face may do; both are imported inside the functions, so ``spoolrl --help`` loads neither.
 
 Guarantees:
 - :func:`warm_model` is cached (same seed and settings: the same directory, no refit) and takes

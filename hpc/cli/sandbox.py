@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from hpc.cli_util import print_json
+    from hpc.cli.util import print_json
     from hpc.errors import UsageError
     from rollout_node.sandbox import open_sandbox
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

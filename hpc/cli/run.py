@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hpc.cli import add_config_args
-from hpc.cli_util import add_run_arg, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, warn_unchecked_model
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import RunPaths
@@ -37,7 +36,7 @@ def prepare_model(paths: RunPaths, config: RunConfig) -> None:
     """``model.path: tiny`` builds a tiny random model + tokenizer into RUN/model (tests and the demo)."""
     if config.model.path != "tiny" or (paths.model / "config.json").exists():
         return
-    # Entry points may reach across packages; the tiny model needs torch, so it is imported only here.
+    # The face may import a role (hpc/ outside hpc.cli may not); the tiny model needs torch, so only here.
     from train_node.infer.tiny import build_tiny_model
 
     build_tiny_model(paths.model, seed=config.run.seed)

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from hpc.cli_util import add_run_arg, print_json
+from hpc.cli.util import add_run_arg, print_json
 
 
 def register(sub: Any) -> None:

@@ -91,8 +91,8 @@ def setup_logging(log_dir: Path) -> None:
 
 def run_node_only(run: str, node_id: str) -> int:
     """A rollout node for a front door on ``run`` (until SIGTERM/SIGINT/STOP)."""
-    from rollout_node.pipeline.cli import DRAIN_SIGNALS
-    from rollout_node.pipeline.cli import setup_logging as node_logging
+    from hpc.cli.rollout import DRAIN_SIGNALS
+    from hpc.cli.rollout import setup_logging as node_logging
     from rollout_node.service.node import build_service_node
 
     node = build_service_node(run, node_id)
@@ -162,7 +162,7 @@ def _rollout_server(args: argparse.Namespace) -> int:
     if args.node_only or (env.in_step and env.procid > 0):
         if not args.run:
             raise UsageError("--node-only needs --run RUN (the front door's run directory)")
-        from rollout_node.pipeline.cli import default_node_id
+        from hpc.cli.rollout import default_node_id
 
         return run_node_only(args.run, default_node_id())
     paths, config = open_or_create_run(args, run_overrides)

@@ -1,26 +1,25 @@
-"""Small helpers shared by the CLI modules: registering owner modules' verbs, JSON output."""
+"""Helpers of the CLI face's verb modules: how a verb takes a config or a run directory, JSON output.
+
+Only ``hpc.cli`` uses them: a role that needs one of these would be importing the face (the layering
+test refuses it).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 
-def register_modules(sub: Any, modules: Iterable[str]) -> None:
-    """Call ``register(sub)`` of each module that exists (a package's CLI is split by owner)."""
-    for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
-                raise  # a real missing dependency inside the module, not a module not written yet
-            continue
-        module.register(sub)
+def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides."""
+    parser.add_argument("--config", metavar="FILE", required=required,
+                        help="run.yaml (see 'spoolrl config default'); omitted = built-in defaults")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. trainer.lr=1e-5 slurm.rollout.nodes=4")
 
 
 def print_json(obj: Any, *, stream: Any = None) -> None:

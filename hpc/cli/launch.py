@@ -1,4 +1,5 @@
-"""Verbs that face Slurm: ``render``, ``launch``, ``status``, ``cancel``, ``resume``, ``scale``.
+"""Verbs that face Slurm: ``render``, ``launch``, ``status``, ``cancel``, ``resume``, ``scale``; and
+:func:`launch_run`, the same launch from Python.
 
 Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
 touch nothing; ``launch`` creates the run directory (the one ``init`` code path), submits, prints
@@ -13,12 +14,12 @@ import sys
 import typing as tp
 from pathlib import Path
 
-from hpc.cli import add_config_args
-from hpc.cli_util import add_run_arg, print_json, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, print_json, warn_unchecked_model
 from hpc.errors import RunDirError, UsageError
 
 if tp.TYPE_CHECKING:
     from hpc.config import RunConfig
+    from hpc.launch import HetSlurmJob
     from hpc.render import RenderedJob
 
 
@@ -88,12 +89,26 @@ def _launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(joined_text(jobs))
         return 0
-    from hpc.cli_run import init_run
+    from hpc.cli.run import init_run
     from hpc.launch import submit
 
     paths = init_run(str(run_dir), config)
     _print_submitted(submit(paths, jobs, kind="launch"), paths.root)
     return 0
+
+
+def launch_run(config: RunConfig, run_dir: str | Path, *, source: str = "python") -> list[HetSlurmJob]:
+    """From Python: create the run directory, submit its job(s), return submitit handles
+    (``job.state``, ``job.done()``, ``job.cancel()``, ``job.group_states(n)``).
+
+    It lives in the face because creating a run may build the tiny model (``init_run``)."""
+    from hpc.cli.run import init_run
+    from hpc.launch import submit
+    from hpc.render import render
+
+    jobs = render(config, run_dir, source=source)
+    paths = init_run(str(run_dir), config)
+    return [handle for _, handle in submit(paths, jobs, kind="launch")]
 
 
 def _open(run: str) -> tuple[tp.Any, RunConfig]:

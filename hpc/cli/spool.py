@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.cli_util import add_run_arg, print_json
+from hpc.cli.util import add_run_arg, print_json
 from hpc.errors import UsageError
 
 

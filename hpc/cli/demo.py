@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hpc.cli_util import add_run_arg, print_json
+from hpc.cli.util import add_run_arg, print_json
 
-DEFAULT_STEPS = 20  # = hpc.demo.DEFAULT_STEPS (hpc.demo is imported only when the verb runs)
+DEFAULT_STEPS = 20  # = hpc.cli.demo_run.DEFAULT_STEPS (imported only when the verb runs)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hpc.demo import run_demo
+    from hpc.cli.demo_run import run_demo
 
     return run_demo(out=Path(args.out) if args.out else None, resume=Path(args.resume) if args.resume else None,
                     steps=args.steps, overrides=list(args.overrides))
@@ -21,7 +21,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _warm_start(args: argparse.Namespace) -> int:
     import time
 
-    from hpc.demo_model import measure, warm_model
+    from hpc.cli.demo_model import measure, warm_model
 
     t0 = time.monotonic()
     model = warm_model(seed=args.seed)

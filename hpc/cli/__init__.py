@@ -1,8 +1,16 @@
 """The ``spoolrl`` command line: ``spoolrl <verb> --config run.yaml [key=value ...]`` or ``<verb> RUN``.
 
-This module only dispatches. Each owner module exposes ``register(subparsers)`` and keeps its
-imports light (no torch at import time), so ``spoolrl --help`` stays fast on a login node.
-Every :class:`~hpc.errors.SpoolrlError` becomes a one-line message and its exit status.
+This package is the CLI face, the one place that may import every role: the verbs, the demo's
+orchestration (:mod:`hpc.cli.demo_run`, :mod:`hpc.cli.demo_model`) and their helpers
+(:mod:`hpc.cli.util`). Nothing else in ``hpc/`` imports a role, and no role imports this package
+(``tests/unit/test_layering.py``). ``python -m hpc.cli`` runs :mod:`hpc.cli.__main__`.
+
+Guarantees:
+- Every verb module in :data:`VERB_MODULES` is imported by name; a module that fails to import is
+  an error, never a silently missing verb.
+- The verb modules keep their imports light (no torch at import time), so ``spoolrl --help``
+  stays fast on a login node; handlers import what they need.
+- Every :class:`~hpc.errors.SpoolrlError` becomes a one-line message and its exit status.
 """
 
 from __future__ import annotations
@@ -13,26 +21,23 @@ import sys
 from collections.abc import Sequence
 
 from hpc import __version__
-from hpc.cli_util import register_modules
+from hpc.cli import demo, infer, launch, model, rollout, run, sandbox, service, spool, tasks, train
 from hpc.errors import SpoolrlError
 
-# Owner modules of the verbs, in the order their verbs appear in --help.
-COMMAND_MODULES = (
-    "hpc.cli_run",          # config default, validate, init
-    "hpc.cli_spool",        # spool stats, spool inspect
-    "hpc.cli_launch",       # render, launch, resume, cancel, scale, status
-    "rollout_node.cli",     # rollout-node, sandbox exec/shell, tasks check
-    "train_node.cli",       # train-node, checkpoints, infer-node, serve, tiny-model
-    "hpc.cli_demo",         # demo, report
+# The verb modules, in the order their verbs appear in --help; each has ``register(subparsers)``.
+VERB_MODULES = (
+    run,        # config default, validate, init
+    spool,      # spool stats, spool inspect
+    launch,     # render, launch, status, cancel, resume, scale
+    rollout,    # rollout-node
+    service,    # rollout-server
+    sandbox,    # sandbox exec, sandbox shell
+    tasks,      # tasks check
+    train,      # train-node, checkpoints
+    infer,      # serve, tiny-model, infer-node
+    model,      # model from-gguf
+    demo,       # demo, warm-start, report
 )
-
-
-def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides."""
-    parser.add_argument("--config", metavar="FILE", required=required,
-                        help="run.yaml (see 'spoolrl config default'); omitted = built-in defaults")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted overrides, e.g. trainer.lr=1e-5 slurm.rollout.nodes=4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"spoolrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    register_modules(sub, COMMAND_MODULES)
+    for module in VERB_MODULES:
+        module.register(sub)
     return parser
 
 
@@ -65,7 +71,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `spoolrl spool inspect X | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
