@@ -7,5 +7,5 @@
 - :mod:`.sizing`: default worker counts. :mod:`.metrics`: the node's metrics file.
 - :mod:`.policy`: the policy interface; :mod:`.scripted`: the scripted policy (tests, debugging);
   :mod:`.llm`: the LLM agent loop as a policy. :mod:`.bindings`: tasks and sandboxes.
-- :mod:`.cli`: ``spoolrl rollout-node``.
+- The verb ``spoolrl rollout-node`` (argv, wiring a node, signals, exit status) is :mod:`hpc.cli.rollout`.
 """

@@ -108,7 +108,7 @@ class RolloutNode:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict[str, Any]:
-        """Run until an exit condition holds (see ``cli.py``); returns the final metrics snapshot."""
+        """Run until an exit condition holds (see :mod:`hpc.cli.rollout`); returns the final metrics snapshot."""
         remove_dead_scratch(self.opts.scratch, self.opts.node_id)
         self.scratch.mkdir(parents=True, exist_ok=True)
         rollout_presence.announce(self.paths, self.worker_id, os.getpid())

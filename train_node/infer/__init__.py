@@ -5,7 +5,8 @@ integer weight-version spans) and pass the same contract tests (``tests/infer/te
 Weight-changing endpoints require the per-run secret. GPU vLLM cannot run in CPU CI; how it is
 validated on clusters is in ``docs/inference.md`` (section "Validating GPU vLLM on a cluster").
 
-Importing this package imports no torch; ``engine``/``server`` do.
+Importing this package imports no torch; ``engine``/``server`` do. The verbs (``serve``, ``tiny-model``,
+``infer-node``, ``model from-gguf``) are in :mod:`hpc.cli.infer` and :mod:`hpc.cli.model`.
 """
 
 from train_node.infer.tiny import build_tiny_model

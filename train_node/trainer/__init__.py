@@ -8,5 +8,7 @@ Modules, in the order a step uses them:
 - ``loss``: the clipped policy-gradient objective. ``engine``: the DeepSpeed engine and one step.
 - ``publish``: weights-only HF policy versions. ``checkpoint``: engine + trainer state, LATEST, lineage.
 - ``loop``: the train loop. ``signals``: preemption (exit 75 = requeue). ``faults``: crash-test hooks.
-- ``dist_env``: rank/world/rendezvous (torchrun, SlurmEnv, or single). ``cli``: the verbs.
+- ``dist_env``: rank/world/rendezvous (torchrun, SlurmEnv, or single).
+
+The verbs (``train-node``, ``checkpoints``) are in :mod:`hpc.cli.train`.
 """
