@@ -32,6 +32,7 @@ from rollout_node.tasks.repos import UnscorableTree, tree_problems
 
 _STATUS_FAULTS = {Status.SANDBOX_ERROR: Fault.SANDBOX_CRASH, Status.INFERENCE_ERROR: Fault.INFERENCE_ERROR,
                   Status.NODE_ERROR: Fault.PIPELINE_BUG, Status.HARNESS_ERROR: Fault.PIPELINE_BUG}
+DIFF_SHOWN_CHARS = 8192  # of the diff kept in the trajectory's metrics (a shard row stays small)
 _ABORT_FAULTS = {"stale": Fault.STALE, "cancelled": Fault.TASK_CANCELLED, "drain": Fault.TASK_CANCELLED}
 
 
@@ -176,9 +177,6 @@ class Stages:
             return self.ops.evaluate(ep.group.task, ep.diff, scratch, self.rollout.eval_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the harness itself broke: infrastructure
             return EvalOutcome(None, Status.HARNESS_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
-
-
-DIFF_SHOWN_CHARS = 8192  # of the diff kept in the trajectory's metrics (a shard row stays small)
 
 
 def _timed_out(out: EpisodeOutput | None) -> EpisodeOutput:

@@ -8,6 +8,9 @@ Guarantees:
   pad), ``<|im_start|>``, ``<|im_end|>``.
 - The model is a Qwen2 with UNTIED embeddings and ``lm_head`` scaled x5: a random model with tied,
   scaled embeddings just repeats its last input token; this one samples varied tokens (logit std ~1.6).
+  ``tie_embeddings=True`` builds the tied variant (lm_head = input embeddings, unscaled): untrained it
+  mostly repeats its input, but a policy-gradient learner can copy a token of the prompt through it, which the
+  untied one never learned (``scripts/probe_pick_learning.py``); the demo's warm start starts from it.
 - Output directories appear atomically (built in a temporary sibling, then renamed) and builds are
   cached under ``$SPOOLRL_CACHE`` (default ``~/.cache/spoolrl``), keyed by every argument.
 - vLLM (CPU and GPU) serves the result: fp32 safetensors, head_dim 64, max_position_embeddings 2048.
@@ -48,11 +51,15 @@ class TinySpec:
     num_kv_heads: int = 2
     max_position_embeddings: int = 2048
     lm_head_scale: float = 5.0
+    tie_embeddings: bool = False  # True: lm_head shares the input embeddings (unscaled); the demo's base
 
     def key(self) -> str:
         import transformers
 
-        ident = dict(dataclasses.asdict(self), builder=BUILDER_VERSION, python=sys.version_info[:3],
+        fields = dataclasses.asdict(self)
+        if not self.tie_embeddings:
+            del fields["tie_embeddings"]  # untied builds keep the keys they had before the field existed
+        ident = dict(fields, builder=BUILDER_VERSION, python=sys.version_info[:3],
                      transformers=transformers.__version__)
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -167,13 +174,14 @@ def _random_model(spec: TinySpec, tok: Any) -> Any:
         vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.hidden_size * 2,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=spec.tie_embeddings, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
     # fork_rng: building a model must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(spec.lm_head_scale)
+    if not spec.tie_embeddings:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(spec.lm_head_scale)
     return model.eval()
