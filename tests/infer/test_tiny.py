@@ -71,3 +71,21 @@ def test_cli(tmp_path: Path) -> None:
     info = json.loads(out.stdout)
     assert info["seed"] == 3 and info["vocab_size"] == 4000 and 2e6 < info["params"] < 5e6
     assert (tmp_path / "m" / "model.safetensors").exists() and (tmp_path / "m" / "tokenizer.json").exists()
+
+
+def test_tied_variant_shares_the_head(tmp_path: Path) -> None:
+    """tie_embeddings=True: another build (own cache key) whose lm_head is the input embedding (one tensor, unscaled)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from train_node.infer.tiny import TinySpec
+
+    assert TinySpec().key() != TinySpec(tie_embeddings=True).key()
+    tied = AutoModelForCausalLM.from_pretrained(str(build_tiny_model(tmp_path / "tied", tie_embeddings=True)))
+    assert tied.config.tie_word_embeddings
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    std = float(tied.lm_head.weight.std())
+    assert std < 0.05, std  # the init scale (~0.02), not the untied head's x5
+    with torch.no_grad():
+        tied.lm_head.weight.add_(1.0)
+    assert torch.equal(tied.lm_head.weight, tied.model.embed_tokens.weight)
