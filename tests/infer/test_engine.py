@@ -27,6 +27,17 @@ def _max_diff(model_dir: Path, seq: Sequence, lo: int = 0, hi: int | None = None
     return max(abs(a - b) for a, b in zip(seq.logprobs[lo:hi], ref[lo:hi], strict=True))
 
 
+class SteppedEngine(Engine):
+    """The engine with a test-side hook after each of its steps (production code carries none)."""
+
+    on_step: Any = None
+
+    def _step(self) -> None:
+        super()._step()
+        if self.on_step is not None:
+            self.on_step()
+
+
 class StepCounter:
     """Engine hook: counts decode steps, runs ``action`` once at step ``at``."""
 
@@ -44,7 +55,7 @@ class StepCounter:
 
 def test_staggered_joins_and_leaves_are_exact(models: dict[str, Path]) -> None:
     """Sequences of different lengths join mid-flight and leave early; every logprob still matches HF."""
-    engine = Engine(load_model(models["a"], 0), max_batch=8)
+    engine = SteppedEngine(load_model(models["a"], 0), max_batch=8)
     hook = StepCounter(at=5)
     engine.on_step = hook
     try:
@@ -64,7 +75,7 @@ def test_staggered_joins_and_leaves_are_exact(models: dict[str, Path]) -> None:
 
 def test_swap_between_decode_steps_is_exact(models: dict[str, Path]) -> None:
     """A swap staged at step k: tokens [0, k) come from A, the rest from B, each matching its weights."""
-    engine = Engine(load_model(models["a"], 0), max_batch=8)
+    engine = SteppedEngine(load_model(models["a"], 0), max_batch=8)
     loaded_b = load_model(models["b"], 1)
     hook = StepCounter(at=7, action=lambda: engine.stage(loaded_b))
     engine.on_step = hook

@@ -21,7 +21,6 @@ import dataclasses
 import inspect
 import queue
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +178,6 @@ class Engine:
         self._wake = threading.Condition()
         self._batch = _Batch()
         self._closed = False
-        self.on_step: Callable[[], None] | None = None  # test hook: called between decode steps
         self._thread = threading.Thread(target=self._loop, name="spoolrl-engine", daemon=True)
         self._thread.start()
 
@@ -256,8 +254,6 @@ class Engine:
             self._batch.keep(keep, self._loaded.model.config)
         if self._batch.rows:
             self._decode()
-        if self.on_step is not None:
-            self.on_step()
 
     def _apply_staged(self) -> None:
         with self._wake:
