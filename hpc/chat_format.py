@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import ConfigError
+from hpc.paths import TINY_MODEL
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def check_config_model(model_path: str, tokenizer_path: str = "") -> str:
     """The CLI's check before anything is created or submitted: raises ConfigError for a model whose
     chat template is unsupported; returns a warning ('' = checked) when the directory is not visible
     from here (e.g. a path that exists only on compute nodes). ``tiny`` is built as ChatML."""
-    if model_path == "tiny" and not tokenizer_path:
+    if model_path == TINY_MODEL and not tokenizer_path:
         return ""
     key, directory = ("model.tokenizer_path", tokenizer_path) if tokenizer_path else ("model.path", model_path)
     if not Path(directory).is_dir():

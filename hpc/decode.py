@@ -28,6 +28,7 @@ import yaml
 from tokenizers import Tokenizer
 
 from hpc.errors import UsageError
+from hpc.paths import TINY_MODEL, RunPaths
 
 OPENERS = {"<|im_start|>": "chatml", "<|start_header_id|>": "llama3"}
 HEADER_END = "<|end_header_id|>"
@@ -190,10 +191,8 @@ def run_tokenizer_dir(run_dir: str | Path) -> Path:
     except (OSError, yaml.YAMLError) as exc:
         raise UsageError(f"{run}: cannot read run.yaml ({exc}); give the model directory with --tokenizer DIR") from exc
     model = ((data or {}).get("config") or {}).get("model") or {}
-    path = str(model.get("tokenizer_path") or model.get("path") or "")
-    if not path or path == "tiny":
-        return run / "model"
-    return Path(path) if Path(path).is_absolute() else run / path
+    directory = RunPaths(run).tokenizer_dir(str(model.get("path") or TINY_MODEL), str(model.get("tokenizer_path") or ""))
+    return directory if directory.is_absolute() else run / directory
 
 
 def run_of(path: str | Path) -> Path | None:

@@ -38,6 +38,11 @@ class RunDirError(SpoolrlError):
     exit_code = 2
 
 
+class RecordError(RunDirError):
+    """A record in the run directory (a LATEST pointer, an endpoint or task record) is not what its
+    reader expects; the message names the file and the problem (see :mod:`hpc.records`)."""
+
+
 class SpoolError(SpoolrlError):
     """The spool cannot proceed (disk full, quota, permissions, fencing)."""
 

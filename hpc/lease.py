@@ -22,39 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 import random
 import secrets
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from hpc.errors import SpoolError
-
-
-def safe_name(text: str) -> str:
-    """A file name for ``text``: reversible quoting, never dot-prefixed, hashed when very long."""
-    name = quote(text, safe="")
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    if len(name) > 160:
-        name = "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
-    return name
-
-
-HOST = safe_name(socket.gethostname())
-
-
-def tmp_sibling(target: Path, tag: str = "") -> Path:
-    """A dot-temporary next to ``target``, named ``.tmp@<pid>@<host>@...`` so a cleaner on the same
-    host can tell whether its writer still lives."""
-    return target.with_name(f".tmp@{os.getpid()}@{HOST}@{tag or secrets.token_hex(4)}")
+from hpc.fsutil import HOST, TMP_PREFIX, safe_name, tmp_name, write_tmp
 
 
 class TmpCleaner:
@@ -68,7 +47,7 @@ class TmpCleaner:
     def clean(self, directory: Path, names: Iterable[str]) -> int:
         removed = 0
         for name in names:
-            if name.startswith(".tmp@") and self._dead(directory / name, name):
+            if name.startswith(TMP_PREFIX) and self._dead(directory / name, name):
                 try:
                     (directory / name).unlink(missing_ok=True)
                     removed += 1
@@ -140,16 +119,10 @@ def publish_file(target: Path, data: bytes, *, fsync: bool = True, replace: bool
     ``replace=False`` links instead of renaming so an existing ``target`` is kept (returns False).
     On any error nothing is visible at ``target`` and the temporary is gone.
     """
-    tmp = tmp_sibling(target)
+    tmp = tmp_name(target)
     renamed = False
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_tmp(tmp, data, fsync=fsync)
         if replace:
             os.rename(tmp, target)
             renamed = True
@@ -176,7 +149,7 @@ def publish_new_files(items: Sequence[tuple[Path, bytes]], *, chunk: int = 256) 
     added = 0
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
-        tmps = [tmp_sibling(target) for target, _ in part]
+        tmps = [tmp_name(target) for target, _ in part]
         try:
             fds = []
             try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYOUT_VERSION = 1
+TINY_MODEL = "tiny"  # model.path that builds a tiny random model into RUN/model (tests and the demo)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,14 @@ class RunPaths:
     def model(self) -> Path:
         """Where 'model.path: tiny' builds the initial model."""
         return self.root / "model"
+
+    def model_dir(self, model_path: str) -> Path:
+        """The directory ``model.path`` names: ``tiny`` is :attr:`model`, anything else is itself."""
+        return self.model if model_path == TINY_MODEL else Path(model_path)
+
+    def tokenizer_dir(self, model_path: str, tokenizer_path: str = "") -> Path:
+        """``model.tokenizer_path`` when set, else the model's directory."""
+        return Path(tokenizer_path) if tokenizer_path else self.model_dir(model_path)
 
     @property
     def repos(self) -> Path:

@@ -16,9 +16,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.fsutil import atomic_write_json, read_json
-from hpc.lease import pid_alive, safe_name
+from hpc.fsutil import safe_name
+from hpc.lease import pid_alive
 from hpc.paths import RunPaths
+from hpc.records import EndpointRecord, scan_endpoints, write_endpoint
 
 PREFIX = "rollout-node-"
 ROLE = "rollout"
@@ -44,7 +45,7 @@ def announce(paths: RunPaths, worker_id: str, pid: int) -> Path:
     """Write this node's record (call before the first claim)."""
     path = presence_path(paths, worker_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"role": ROLE, "worker_id": worker_id, "host": this_host(), "pid": pid}, fsync=False)
+    write_endpoint(path, EndpointRecord(role=ROLE, host=this_host(), pid=pid, extra={"worker_id": worker_id}))
     return path
 
 
@@ -53,24 +54,16 @@ def withdraw(paths: RunPaths, worker_id: str) -> None:
     presence_path(paths, worker_id).unlink(missing_ok=True)
 
 
-def _parse(path: Path) -> RolloutPresence | None:
-    try:
-        info = read_json(path)
-    except (OSError, ValueError):
-        return None  # vanished meanwhile, or being replaced
-    if not isinstance(info, dict) or info.get("role") != ROLE:
-        return None
-    pid = info.get("pid")
-    return RolloutPresence(str(info.get("worker_id", "")), str(info.get("host", "")),
-                           pid if isinstance(pid, int) and not isinstance(pid, bool) else 0)
+def _presence(rec: EndpointRecord) -> RolloutPresence:
+    return RolloutPresence(str(rec.extra.get("worker_id", "")), rec.host or "", rec.pid or 0)
 
 
 def present(paths: RunPaths) -> list[RolloutPresence]:
     """Rollout nodes that may still hold tasks (dead pids of this host left out)."""
     host = this_host()
     found = []
-    for path in sorted(paths.endpoints.glob(f"{PREFIX}*.json")) if paths.endpoints.is_dir() else []:
-        rec = _parse(path)
-        if rec is not None and not (rec.host == host and rec.pid > 0 and not pid_alive(rec.pid)):
-            found.append(rec)
+    for _, rec in scan_endpoints(paths.endpoints, f"{PREFIX}*.json"):  # vanished ones: withdrawn meanwhile
+        node = _presence(rec)
+        if rec.role == ROLE and not (node.host == host and node.pid > 0 and not pid_alive(node.pid)):
+            found.append(node)
     return found

@@ -68,8 +68,8 @@ def dir_hash(path: Path) -> str | None:
 
 
 def provenance(config: RunConfig, paths: RunPaths) -> dict[str, Any]:
-    model = Path(config.model.path) if config.model.path != "tiny" else paths.model
-    tok = Path(config.model.tokenizer_path) if config.model.tokenizer_path else model
+    model = paths.model_dir(config.model.path)
+    tok = paths.tokenizer_dir(config.model.path, config.model.tokenizer_path)
     return {
         "spoolrl_version": __version__,
         "git_sha": _git_sha(),

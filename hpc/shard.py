@@ -56,7 +56,8 @@ import xxhash
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
-from hpc.lease import fs_error, safe_name, tmp_sibling
+from hpc.fsutil import safe_name, tmp_name
+from hpc.lease import fs_error
 from hpc.trajectory import SCHEMA_VERSION, Status, Trajectory, group_ids_consistent
 
 MAGIC = b"SPOOLSHD"
@@ -439,7 +440,7 @@ class ShardWriter:
         return shard_id
 
     def _publish(self, shard_id: str, header: bytes, body: pa.Buffer) -> None:
-        tmp = tmp_sibling(self.ready_dir / shard_id, shard_id)
+        tmp = tmp_name(self.ready_dir / shard_id, shard_id)
         try:
             with open(tmp, "wb", buffering=0) as f:
                 for part in (memoryview(header), memoryview(body)):

@@ -70,7 +70,7 @@ from hpc.arrival import SETTLE_S, ReadyWatch
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
 from hpc.fencing import Fencing
-from hpc.fsutil import atomic_write_json
+from hpc.fsutil import TMP_PREFIX, atomic_write_json
 from hpc.lease import (
     Heartbeat,
     TaskLease,
@@ -475,7 +475,7 @@ class Spool(Fencing):
                    for sid, info in r.get("shards", {}).items()}  # a shard recorded twice counts once
         out["trajectories_dropped_duplicate"] = sum(dropped.values())
         out["trajectories_dropped_other"] = sum(len(r.get("trajectories", [])) for r in self._drop_records())
-        out["tmp_files"] = sum(1 for n in ready_all if n.startswith(".tmp@"))
+        out["tmp_files"] = sum(1 for n in ready_all if n.startswith(TMP_PREFIX))
         out["generation"] = self.current_generation()
         out["corrupt_detected_here"] = self.corrupt_detected
         return out

@@ -31,14 +31,14 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import typing as tp
 from pathlib import Path
 
+from hpc.errors import RecordError
 from hpc.launch import known_jobs, query_states
 from hpc.paths import RunPaths
+from hpc.records import CheckpointPointer, read_policy_latest, scan_endpoints
 
 SCHEMA = 1
 MAX_FAILURES = 20
@@ -72,41 +72,34 @@ def spool_part(paths: RunPaths) -> dict[str, tp.Any] | None:
     return dict(Spool(paths.root).stats())
 
 
-def _as_int(text: str | None) -> int | None:
+def _policy_version(paths: RunPaths) -> int | None:
     try:
-        return int(text) if text is not None else None
-    except ValueError:
+        return read_policy_latest(paths)
+    except (OSError, RecordError):
         return None
 
 
 def trainer_part(paths: RunPaths) -> dict[str, tp.Any]:
     """LATEST is JSON ``{tag, step, generation}`` (a bare tag in older runs): the tag and its step."""
-    checkpoint = _read_text(paths.checkpoint_latest)
-    step = _as_int(checkpoint)
-    if step is None and checkpoint:
+    checkpoint, step = _read_text(paths.checkpoint_latest), None
+    if checkpoint:
         try:
-            meta = json.loads(checkpoint)
-            if isinstance(meta, dict):
-                step = int(meta["step"]) if "step" in meta else None
-                checkpoint = str(meta["tag"]) if meta.get("tag") else checkpoint
-        except (ValueError, TypeError, KeyError):
-            found = re.search(r"\d+", checkpoint.split("/")[-1])  # step_000007, step-000040, step_000007-g2
-            step = _as_int(found.group(0)) if found else None
-    return {"policy_version": _as_int(_read_text(paths.policy_latest)), "checkpoint": checkpoint, "step": step}
+            pointer = CheckpointPointer.from_text(checkpoint, str(paths.checkpoint_latest))
+            checkpoint, step = pointer.tag, pointer.step
+        except RecordError:
+            pass  # shown as it is, without a step
+    return {"policy_version": _policy_version(paths), "checkpoint": checkpoint, "step": step}
 
 
 def endpoints_part(paths: RunPaths, now: float) -> list[dict[str, tp.Any]]:
     out = []
-    for path in sorted(paths.endpoints.glob("*.json")) if paths.endpoints.is_dir() else []:
+    for path, rec in scan_endpoints(paths.endpoints):
         try:
-            data = json.loads(path.read_text())
             age = now - path.stat().st_mtime
-        except (OSError, ValueError):
+        except OSError:
             continue  # being replaced right now
-        if not isinstance(data, dict):
-            continue
-        out.append({"file": path.name, "role": data.get("role"), "url": data.get("url"),
-                    "version": data.get("version"), "heartbeat": data.get("heartbeat"), "age_s": round(age, 1)})
+        out.append({"file": path.name, "role": rec.role, "url": rec.url, "version": rec.version,
+                    "heartbeat": rec.heartbeat, "age_s": round(age, 1)})
     return out
 
 

@@ -96,12 +96,13 @@ def through_api(tmp: Path, model: Path, backend: str, nodes: int, episodes: int)
 
 def by_rollout_node(tmp: Path, model: Path, backend: str, episodes: int) -> dict[str, Any]:
     from hpc.config import load_config
+    from hpc.records import EndpointRecord, write_endpoint
     from hpc.rundir import create_run
     from hpc.spool import Spool
 
     cfg = load_config(None, [*CONFIG, f"model.path={model}", f"sandbox.scratch_dir={tmp / 'scratch'}"])
     paths = create_run(tmp / "node-run", cfg)
-    (paths.endpoints / "infer-standin.json").write_text(json.dumps({"url": backend, "heartbeat": 1, "role": "infer"}))
+    write_endpoint(paths.endpoints / "infer-standin.json", EndpointRecord(role="infer", url=backend, heartbeat=1))
     spool = Spool(paths.root, cfg.spool)
     warm = 2
     spool.put_tasks([{"task_id": f"w{i}", "group_size": 1, "instance": x} for i, x in enumerate(instances(warm))])

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc.config import RunConfig, load_config
-from hpc.errors import SandboxError, SpoolrlError, UsageError
+from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.paths import RunPaths
+from hpc.records import read_policy_latest
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
 # model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
@@ -138,10 +139,13 @@ def progress(paths: RunPaths) -> dict[str, Any]:
             last[rec["kind"]] = rec
     step = last.get("train_step", {})
     node = last.get("node", {})
-    version = (paths.policy_latest.read_text().strip() if paths.policy_latest.exists() else None)
+    try:
+        version = read_policy_latest(paths)
+    except (OSError, RecordError):
+        version = None
     return {
         "step": step.get("step", 0), "loss": step.get("loss"), "reward_mean": step.get("reward_mean"),
-        "policy_version": int(version) if version and version.isdigit() else None,
+        "policy_version": version,
         "episodes": node.get("episodes", 0), "episodes_per_min": node.get("episodes_per_min"),
         "stages": {"queued": node.get("queue_depth", {}), "busy": node.get("busy", {})},
         "failures": node.get("failures", {}),

@@ -12,7 +12,7 @@ from typing import Any
 from hpc.cli.util import add_config_args, add_run_arg, warn_unchecked_model
 from hpc.config import RunConfig
 from hpc.errors import UsageError
-from hpc.paths import RunPaths
+from hpc.paths import TINY_MODEL, RunPaths
 
 
 def _config_default(args: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def prepare_model(paths: RunPaths, config: RunConfig) -> None:
     """``model.path: tiny`` builds a tiny random model + tokenizer into RUN/model (tests and the demo)."""
-    if config.model.path != "tiny" or (paths.model / "config.json").exists():
+    if config.model.path != TINY_MODEL or (paths.model / "config.json").exists():
         return
     # The face may import a role (hpc/ outside hpc.cli may not); the tiny model needs torch, so only here.
     from train_node.infer.tiny import build_tiny_model

@@ -66,14 +66,14 @@ def service_config(values: dict[str, str], args: argparse.Namespace) -> Any:
 
 def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
     from hpc.config import load_config
-    from hpc.paths import node_scratch
+    from hpc.paths import TINY_MODEL, node_scratch
     from hpc.rundir import create_run, open_run
 
     run = Path(args.run) if args.run else node_scratch() / f"spoolrl-raas-{os.getuid()}-{os.getpid()}"
     if (run / "run.yaml").exists() and not args.config and not overrides:
         return open_run(run)
     config = load_config(args.config, overrides)
-    if config.model.path == "tiny" and not config.model.tokenizer_path and not (run / "model").is_dir():
+    if config.model.path == TINY_MODEL and not config.model.tokenizer_path and not (run / "model").is_dir():
         raise UsageError("rollout-server needs the policy's tokenizer: set model.path=DIR (or "
                          "model.tokenizer_path=DIR) to a Hugging Face model directory")
     return open_run(create_run(run, config, if_missing=True).root)
@@ -142,11 +142,12 @@ async def serve(paths: Any, config: Any, cfg: Any) -> None:
 
 
 def announce(paths: Any, url: str, auth: bool, token: str) -> None:
-    from hpc.fsutil import atomic_write_json
+    from hpc.records import EndpointRecord, write_endpoint
 
     token_file = str(paths.secret) if auth else None
-    atomic_write_json(paths.endpoints / "rollout-server.json",
-                      {"url": url, "token_file": token_file, "host": socket.gethostname(), "pid": os.getpid()})
+    write_endpoint(paths.endpoints / "rollout-server.json",
+                   EndpointRecord(url=url, host=socket.gethostname(), pid=os.getpid(), extra={"token_file": token_file}),
+                   fsync=True)
     if not auth:
         log.warning("--no-auth: every endpoint is open to anyone who can reach %s", url)
     print(json.dumps({"url": url, "token": token if auth else None, "token_file": token_file,

@@ -9,13 +9,14 @@ round (writers replace files atomically, so that is transient).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from hpc.records import scan_endpoints
 
 
 class EndpointSource(Protocol):
@@ -34,7 +35,7 @@ class StaticEndpoints:
 
 @dataclass
 class _Seen:
-    heartbeat: object
+    heartbeat: int | None
     changed_at: float
     url: str
 
@@ -53,16 +54,12 @@ class EndpointDirectory:
         self._lock = threading.Lock()
 
     def _scan(self, now: float) -> None:
-        for path in sorted(self.directory.glob("infer-*.json")):
-            try:
-                info = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if not isinstance(info, dict) or info.get("role", "infer") != "infer" or not info.get("url"):
+        for path, rec in scan_endpoints(self.directory, "infer-*.json"):
+            if rec.role not in (None, "infer") or not rec.url:
                 continue
             seen = self._seen.get(path.name)
-            if seen is None or seen.heartbeat != info.get("heartbeat") or seen.url != info["url"]:
-                self._seen[path.name] = _Seen(info.get("heartbeat"), now, str(info["url"]))
+            if seen is None or seen.heartbeat != rec.heartbeat or seen.url != rec.url:
+                self._seen[path.name] = _Seen(rec.heartbeat, now, rec.url)
         present = {p.name for p in self.directory.glob("infer-*.json")}
         for name in list(self._seen):
             if name not in present:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import RunPaths
+from hpc.records import SPOOL_KEYS
 from hpc.trajectory import Status
 
 
@@ -62,7 +63,6 @@ def spool_task_fields(task: Mapping[str, Any]) -> dict[str, Any] | None:
     return data
 
 
-SPOOL_KEYS = ("task_id", "group_size", "task_version", "policy_version", "epoch", "position")
 
 
 class RealTaskOps:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hpc.errors import RecordError
 from hpc.paths import RunPaths
+from hpc.records import read_policy_latest
 from hpc.slurm_env import SlurmEnv
 
 CANCEL_DIR = "cancel"
@@ -75,8 +77,8 @@ class ControlFiles:
 def read_latest(paths: RunPaths) -> int:
     """The current policy version (0 before the first publish)."""
     try:
-        return int(paths.policy_latest.read_text().strip() or 0)
-    except (FileNotFoundError, ValueError):
+        return read_policy_latest(paths) or 0
+    except RecordError:
         return 0
 
 

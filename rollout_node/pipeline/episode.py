@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hpc.records import TaskRecord
 from hpc.trajectory import Status, Trajectory
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
@@ -131,5 +132,5 @@ class Episode:
             metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt},
             sampling={"seed": self.seed, "sample_attempt": self.attempt, **(out.sampling if out else {})},
             attempt=int(getattr(self.group.lease, "attempt", 0)), prompt_len=tr.prompt_len,
-            task_version=int(self.group.task_dict.get("task_version", self.group.task_dict.get("policy_version", -1))),
+            task_version=TaskRecord.from_json(self.group.task_dict).task_version,
         )

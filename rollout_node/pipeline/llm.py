@@ -36,9 +36,7 @@ from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcri
 
 
 def tokenizer_dir(paths: RunPaths, config: RunConfig) -> Path:
-    if config.model.tokenizer_path:
-        return Path(config.model.tokenizer_path)
-    return paths.model if config.model.path == "tiny" else Path(config.model.path)
+    return paths.tokenizer_dir(config.model.path, config.model.tokenizer_path)
 
 
 class _VersionTap:

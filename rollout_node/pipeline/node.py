@@ -38,6 +38,7 @@ from typing import Any
 from hpc import rollout_presence
 from hpc.config import RunConfig
 from hpc.paths import RunPaths
+from hpc.records import TaskRecord
 from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import TaskOps
 from rollout_node.pipeline.claimgate import ClaimGate
@@ -284,8 +285,9 @@ class RolloutNode:
 
     def _group_of(self, lease: Any) -> Group | None:
         task_dict = dict(lease.task)
-        size = int(task_dict.get("group_size") or self.config.algorithm.group_size)
+        size = self.config.algorithm.group_size
         try:
+            size = TaskRecord.from_json(task_dict).group_size or size
             task = self.ops.parse(task_dict)
         except Exception as exc:  # noqa: BLE001 - a malformed task is accounted for, not fatal
             task = None

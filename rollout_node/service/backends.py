@@ -14,7 +14,7 @@ import hashlib
 import itertools
 from pathlib import Path
 
-from hpc.fsutil import atomic_write_json
+from hpc.records import EndpointRecord, write_endpoint
 from rollout_node.service.wire import WireError
 
 
@@ -67,8 +67,8 @@ class Backends:
                 self._write(url)
 
     def _write(self, url: str) -> None:
-        atomic_write_json(self._file(url), {"url": url, "heartbeat": next(self._beat), "role": "infer",
-                                            "source": "rollout-server"}, fsync=False)
+        write_endpoint(self._file(url), EndpointRecord(role="infer", url=url, heartbeat=next(self._beat),
+                                                       extra={"source": "rollout-server"}))
 
     def _remove_all(self) -> None:
         for path in self.dir.glob("infer-raas-*.json"):

@@ -54,7 +54,7 @@ def test_torn_newest_checkpoint_falls_back_without_losing_commits(tmp_path: Path
     files = sorted(str(p.relative_to(torn)) for p in torn.rglob("*") if p.is_file())
     assert any(f.startswith("ds/") for f in files)
     for rel in files:  # every file was fsynced under the temporary name, before the rename and LATEST
-        assert any(".tmp-step_000004-g1" in s and (s.endswith("/" + rel) or f"/.tmp-{rel}." in s)
+        assert any("@step_000004-g1." in s and (s.endswith("/" + rel) or f"@{rel}." in s)
                    for s in synced), rel  # meta.json goes through its own temporary
     assert set(ckpt.read_meta(paths, "step_000004-g1")["files"]) == set(files) - {"meta.json"}
     assert ckpt.verify(paths, "step_000004-g1") == ""

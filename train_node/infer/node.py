@@ -44,9 +44,9 @@ from typing import Protocol
 from hpc import rollout_presence
 from hpc.config import RunConfig
 from hpc.errors import InferenceError, RunDirError, UsageError
-from hpc.fsutil import atomic_write_json
 from hpc.metrics import MetricsWriter
 from hpc.paths import RunPaths
+from hpc.records import EndpointRecord, write_endpoint
 from hpc.slurm_env import SlurmEnv
 from train_node.infer.pins import loading_pin
 from train_node.infer.servers import SERVED_MODEL_NAME, CpuServer, ServerSpec, VllmServer
@@ -137,7 +137,7 @@ def build_specs(cfg: RunConfig, paths: RunPaths, host: str, node_index: int) -> 
 
 
 def initial_model(cfg: RunConfig, paths: RunPaths) -> Path:
-    model = paths.model if cfg.model.path == "tiny" else Path(cfg.model.path)
+    model = paths.model_dir(cfg.model.path)
     if not (model / "config.json").exists():
         raise RunDirError(f"initial model {model} has no config.json; 'spoolrl init' builds the tiny model, "
                           "or set model.path to an HF checkpoint directory")
@@ -204,8 +204,8 @@ class InferNode:
 
     def _start(self, slot: Slot) -> None:
         ref = self.current_policy()
-        atomic_write_json(slot.pin, {"role": "loading", "loading": ref.version, "host": self.host,
-                                     "index": slot.index, "pid": os.getpid()}, fsync=False)
+        write_endpoint(slot.pin, EndpointRecord(role="loading", loading=ref.version, host=self.host, pid=os.getpid(),
+                                                extra={"index": slot.index}))
         slot.server.start(ref.path, ref.version)
         slot.version, slot.up, slot.bad_checks = ref.version, False, 0
         slot.started_at = time.monotonic()
@@ -266,11 +266,11 @@ class InferNode:
     def _write_endpoint(self, slot: Slot) -> None:
         if not slot.up:
             return  # a push that finished after the server went down must not resurrect its file
-        atomic_write_json(slot.endpoint, {
-            "url": slot.server.url, "version": slot.version, "heartbeat": slot.heartbeat, "role": "infer",
-            "engine": slot.server.engine, "host": self.host, "index": slot.index, "pid": os.getpid(),
-            "model": SERVED_MODEL_NAME, "server_pid": slot.server.pid, "loading": slot.loading,
-        }, fsync=False)
+        write_endpoint(slot.endpoint, EndpointRecord(
+            role="infer", url=slot.server.url, version=slot.version, heartbeat=slot.heartbeat, loading=slot.loading,
+            host=self.host, pid=os.getpid(),
+            extra={"engine": slot.server.engine, "index": slot.index, "model": SERVED_MODEL_NAME,
+                   "server_pid": slot.server.pid}))
 
     # --- policy updates ----------------------------------------------------------------------------
 

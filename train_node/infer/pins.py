@@ -13,8 +13,9 @@ deleted policy under a loading server.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from hpc.records import scan_endpoints
 
 PIN_ROLES = ("infer", "loading")
 
@@ -26,12 +27,7 @@ def loading_pin(endpoints: Path, host: str, index: int) -> Path:
 def versions_in_use(endpoints: Path) -> set[int]:
     """Versions named by ``version`` or ``loading`` in the inference servers' endpoint and pin files."""
     used: set[int] = set()
-    for path in endpoints.glob("*.json") if endpoints.is_dir() else []:
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # vanished (atomic rename) or half-written by hand: the next pass sees it
-        if not isinstance(info, dict) or info.get("role") not in PIN_ROLES:
-            continue
-        used.update(v for k in ("version", "loading") if isinstance(v := info.get(k), int) and not isinstance(v, bool))
+    for _, rec in scan_endpoints(endpoints):  # one that vanished (atomic rename) is seen on the next pass
+        if rec.role in PIN_ROLES:
+            used.update(v for v in (rec.version, rec.loading) if v is not None)
     return used

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from hpc.errors import RecordError
 from hpc.paths import RunPaths
+from hpc.records import read_policy_latest
 
 
 @dataclass(frozen=True)
@@ -38,20 +40,14 @@ class WeightTransport(Protocol):
     def push(self, server: Reloadable, ref: PolicyRef) -> None: ...
 
 
-def parse_latest(text: str) -> int | None:
-    """``LATEST`` holds the version number (``"7"``; ``"v000007"`` is accepted too)."""
-    token = text.strip().lstrip("v")
-    return int(token) if token.isdigit() else None
-
-
 class RunDirPolicySource:
     def __init__(self, run_dir: str | Path) -> None:
         self.paths = RunPaths(Path(run_dir))
 
     def latest(self) -> PolicyRef | None:
         try:
-            version = parse_latest(self.paths.policy_latest.read_text())
-        except OSError:
+            version = read_policy_latest(self.paths)
+        except (OSError, RecordError):
             return None
         if version is None:
             return None

@@ -49,9 +49,10 @@ import torch
 import torch.distributed as tdist
 import xxhash
 
-from hpc.errors import FencedError
-from hpc.fsutil import atomic_write_json, atomic_write_text, fsync_dir, read_json, tmp_name
+from hpc.errors import FencedError, RecordError
+from hpc.fsutil import TMP_PREFIX, atomic_write_json, fsync_dir, read_json, tmp_name
 from hpc.paths import RunPaths
+from hpc.records import CheckpointPointer, read_checkpoint_latest, write_checkpoint_latest
 from train_node.trainer.faults import fault_point
 
 _TAG = re.compile(r"^step_(\d{6,})(-g\d+)?(-\d+)?$")
@@ -81,19 +82,15 @@ def new_tag(paths: RunPaths, step: int, generation: int = 0) -> str:
 
 def latest_tag(paths: RunPaths) -> str | None:
     try:
-        text = paths.checkpoint_latest.read_text().strip()
-    except OSError:
+        pointer = read_checkpoint_latest(paths)
+    except (OSError, RecordError):
         return None
-    try:
-        tag = str(json.loads(text)["tag"]) if text.startswith("{") else text
-    except (ValueError, KeyError, TypeError):
-        return None
+    tag = pointer.tag if pointer is not None else ""
     return tag if _TAG.match(tag) and (paths.checkpoints / tag / "meta.json").is_file() else None
 
 
 def write_latest(paths: RunPaths, tag: str, meta: dict[str, Any]) -> None:
-    record = {"tag": tag, "step": meta.get("step"), "generation": meta.get("fence_generation")}
-    atomic_write_text(paths.checkpoint_latest, json.dumps(record, sort_keys=True) + "\n")
+    write_checkpoint_latest(paths, CheckpointPointer(tag, meta.get("step"), meta.get("fence_generation")))
 
 
 def read_meta(paths: RunPaths, tag: str) -> dict[str, Any]:
@@ -280,7 +277,7 @@ def _finish(paths: RunPaths, tmp: Path, target: Path, tag: str, meta: dict[str, 
 
 def clean_temporaries(paths: RunPaths) -> None:
     if paths.checkpoints.is_dir():
-        for p in paths.checkpoints.glob(".tmp-step_*"):
+        for p in [*paths.checkpoints.glob(f"{TMP_PREFIX}*@*@step_*"), *paths.checkpoints.glob(".tmp-step_*")]:
             shutil.rmtree(p, ignore_errors=True)
 
 

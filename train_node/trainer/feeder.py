@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpc.errors import UsageError
+from hpc.records import TaskRecord
 
 MAX_REISSUES = 3
 
@@ -113,8 +114,8 @@ class Feeder:
         if epoch not in self._orders:
             self._orders[epoch] = epoch_order(self.instance_ids, self.seed, epoch)
         iid = self._orders[epoch][index]
-        return {"task_id": f"{iid}@e{epoch}", "instance_id": iid, "epoch": epoch, "position": position,
-                "group_size": self.group_size, "policy_version": policy_version}
+        return TaskRecord(task_id=f"{iid}@e{epoch}", instance_id=iid, epoch=epoch, position=position,
+                          group_size=self.group_size, policy_version=policy_version).to_json()
 
     def top_up(self, spool: TaskSpool, consumer: Resolutions, policy_version: int) -> int:
         """Settle resolved and lost tasks, then put new ones until ``max_outstanding`` are outstanding;

@@ -121,11 +121,10 @@ class Trainer:
         return int(meta.get("world_size", self.world)) != self.world and int(meta.get("zero_stage", 0)) > 0
 
     def model_dir(self) -> Path:
-        p = self.cfg.model.path
-        return self.paths.model if p == "tiny" else Path(p)
+        return self.paths.model_dir(self.cfg.model.path)
 
     def tokenizer_dir(self) -> Path:
-        return Path(self.cfg.model.tokenizer_path) if self.cfg.model.tokenizer_path else self.model_dir()
+        return self.paths.tokenizer_dir(self.cfg.model.path, self.cfg.model.tokenizer_path)
 
     def _build_engine(self, meta: dict[str, Any] | None) -> Engine:
         t = self.cfg.trainer

@@ -39,8 +39,10 @@ from typing import Any
 
 import torch
 
-from hpc.fsutil import atomic_write_text, fsync_dir, tmp_name
+from hpc.errors import RecordError
+from hpc.fsutil import TMP_PREFIX, fsync_dir, tmp_name
 from hpc.paths import RunPaths
+from hpc.records import read_policy_latest, write_policy_latest
 from train_node.infer.pins import versions_in_use
 from train_node.trainer.faults import fault_point
 
@@ -59,8 +61,8 @@ def published_versions(paths: RunPaths) -> list[int]:
 
 def latest_version(paths: RunPaths) -> int | None:
     try:
-        return int(paths.policy_latest.read_text().strip())
-    except (OSError, ValueError):
+        return read_policy_latest(paths)
+    except (OSError, RecordError):
         return None
 
 
@@ -72,7 +74,7 @@ def next_version(paths: RunPaths) -> int:
 def clean_temporaries(paths: RunPaths) -> None:
     """Remove half-written version directories a crashed publisher left behind."""
     if paths.policy.is_dir():
-        for p in paths.policy.glob(".tmp-v*"):
+        for p in [*paths.policy.glob(f"{TMP_PREFIX}*@*@v[0-9]*"), *paths.policy.glob(".tmp-v*")]:  # and older runs' names
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -193,7 +195,7 @@ class Publisher:
                 link_version(self.paths, version, target, self.fence)
             if self.fence is not None:
                 self.fence()
-            atomic_write_text(self.paths.policy_latest, f"{version}\n")
+            write_policy_latest(self.paths, version)
             self._retain(version)
         except BaseException as exc:  # surfaced on the main thread by wait()
             self._error = exc
