@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +156,10 @@ class EndpointRecord:
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.extra)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "extra" and (value is not None or (f.name == "loading" and self.version is not None)):
-                out[f.name] = value
+        for key in ENDPOINT_KEYS:
+            value = getattr(self, key)
+            if value is not None or (key == "loading" and self.version is not None):  # a server names what it loads
+                out[key] = value
         return out
 
     @classmethod

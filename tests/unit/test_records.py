@@ -161,3 +161,14 @@ def test_cleaner_removes_a_dead_writers_atomic_write_temporary(tmp_path: Path) -
     (tmp_path / dead).write_text("{")
     assert TmpCleaner(60.0).clean(tmp_path, os.listdir(tmp_path)) == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_status_shows_a_hand_edited_latest_instead_of_failing(paths: RunPaths) -> None:
+    from hpc.status import trainer_part
+
+    paths.policy_latest.write_text("seven\n")
+    paths.checkpoint_latest.write_text('{"step": 3}\n')
+    assert trainer_part(paths) == {"policy_version": None, "checkpoint": '{"step": 3}', "step": None}
+    write_policy_latest(paths, 4)
+    write_checkpoint_latest(paths, CheckpointPointer("step_000003-g1", 3, 1))
+    assert trainer_part(paths) == {"policy_version": 4, "checkpoint": "step_000003-g1", "step": 3}
