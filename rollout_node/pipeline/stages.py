@@ -1,6 +1,7 @@
 """The work of the three stages on one episode: INIT (work dir at base commit), RUN (the agent in
 a sandbox), EVAL (tests -> reward). The thread pools, queues and bookkeeping live in
-:mod:`rollout_node.pipeline.node`; this module only decides what one episode's stage produced.
+:mod:`rollout_node.pipeline.node` (workers in :mod:`~rollout_node.pipeline.workers`); this module only
+decides what one episode's stage produced.
 
 Guarantees: a stage never raises for an episode's failure: it returns a :class:`Fault` (the row
 of the fault table) or None; the sandbox of a RUN is closed and its work dir removed whatever
