@@ -4,7 +4,8 @@ The feeder claims tasks from the spool while :class:`~rollout_node.pipeline.clai
 allows (drain, backpressure, job time left, ``max_episodes``), keeps up to
 ``rollout.claim_lookahead`` claimed groups as a backlog (a task whose image is cached first), and
 queues a group's episodes for INIT; retries go first. On drain or shutdown it releases its backlog.
-The heartbeat thread renews the node's leases every ``spool.heartbeat_interval_s``.
+The heartbeat thread shows the spool that the node lives (which keeps its leases) every
+``spool.heartbeat_interval_s``.
 """
 
 from __future__ import annotations

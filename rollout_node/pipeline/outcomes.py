@@ -2,8 +2,9 @@
 
 :class:`NodeBase` holds what every thread of :class:`~rollout_node.pipeline.node.RolloutNode` shares
 (queues, groups in flight, locks, the drain state) and decides each episode's end: completed into its
-group (a complete group is written to the spool, then finished), retried from INIT, or the whole group
-released back to the spool or closed as cancelled, following the fault table
+group (a complete group goes to the shard writer, :mod:`~rollout_node.pipeline.sink`, and its task is
+finished once that shard is published), retried from INIT, or the whole group released back to the
+spool or closed as cancelled, following the fault table
 (:mod:`rollout_node.pipeline.faults`). The node's guarantees are stated in
 :mod:`rollout_node.pipeline.node`; this module keeps the exactly-one-end rule: a group is written or
 released once, under ``write_lock``, and marked ``closed`` first.
