@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from hpc.records import TaskRecord
 from hpc.trajectory import Status, Trajectory
 
 # instance.data_source -> handler. Every SWE-bench-format source runs the same SWE handler: the
@@ -95,13 +96,11 @@ def check_job_id(job_id: Any, default: str) -> str:
 def spool_task(task_id: str, job_id: str, instance: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
     """The spool record of one ``/process``: one sample; the instance inline when it carries the
     SWE-bench fields (``patch``), else a reference by ``instance_id`` into ``tasks.source``."""
-    task: dict[str, Any] = {"task_id": task_id, "group_size": 1, "service": {"job_id": job_id},
-                            "sampling_params": dict(sampling)}
+    fields: dict[str, Any] = {"service": {"job_id": job_id}, "sampling_params": dict(sampling)}
     if "patch" in instance:
-        task["instance"] = {k: v for k, v in instance.items() if k not in ("data_source", "trajectory_id")}
-    else:
-        task["instance_id"] = instance["instance_id"]
-    return task
+        fields["instance"] = {k: v for k, v in instance.items() if k not in ("data_source", "trajectory_id")}
+        return TaskRecord(task_id=task_id, group_size=1, fields=fields).to_json()
+    return TaskRecord(task_id=task_id, group_size=1, instance_id=instance["instance_id"], fields=fields).to_json()
 
 
 def critical_stage(traj: Trajectory) -> str | None:
