@@ -172,3 +172,14 @@ def test_status_shows_a_hand_edited_latest_instead_of_failing(paths: RunPaths) -
     write_policy_latest(paths, 4)
     write_checkpoint_latest(paths, CheckpointPointer("step_000003-g1", 3, 1))
     assert trainer_part(paths) == {"policy_version": 4, "checkpoint": "step_000003-g1", "step": 3}
+
+
+HAND_PARSERS = ("policy_latest.read_text", "checkpoint_latest.read_text", '== "tiny"', '!= "tiny"', "tmp_sibling")
+
+
+def test_nobody_parses_a_run_dir_record_by_hand() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = [f"{path.relative_to(root)}: {pattern}" for top in ("hpc", "rollout_node", "train_node", "scripts")
+             for path in sorted((root / top).rglob("*.py")) if path.name != "records.py"
+             for pattern in HAND_PARSERS if pattern in path.read_text()]
+    assert found == [], "read and write these through hpc.records / RunPaths.model_dir / hpc.fsutil"
