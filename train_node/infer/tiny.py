@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import UsageError
+from hpc.fsutil import tmp_name
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -83,7 +84,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 40
         raise UsageError(f"{out} exists and is not an empty directory; pick a new directory for the tiny model")
     src = _cached_build(spec) if use_cache else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-{out.name}.{os.getpid()}")
+    tmp = tmp_name(out)
     shutil.rmtree(tmp, ignore_errors=True)
     if src is not None:
         shutil.copytree(src, tmp)
@@ -113,7 +114,7 @@ def _cached_build(spec: TinySpec) -> Path:
     if _is_build_of(target, spec):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".tmp-{target.name}.{os.getpid()}")
+    tmp = tmp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
     _build_into(tmp, spec)
     try:

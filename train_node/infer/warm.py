@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc.fsutil import tmp_name
 from train_node.infer.tiny import cache_root
 
 MARKER = "spoolrl_warm_start.json"
@@ -57,7 +58,7 @@ def cached_warm_start(base_dir: str | Path, examples: Sequence[Example], spec: W
     if (target / MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".tmp-{target.name}.{os.getpid()}")
+    tmp = tmp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
     stats = fit(base, tmp, examples, spec)
     (tmp / MARKER).write_text(json.dumps({"spec": dataclasses.asdict(spec), "base": str(base), **stats},
