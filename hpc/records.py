@@ -93,7 +93,7 @@ _BARE_TAG = re.compile(r"^[\w.@/-]+$")
 @dataclass(frozen=True)
 class CheckpointPointer:
     """``checkpoints/LATEST``: the tag of the newest complete checkpoint, its step and the fencing
-    generation of the trainer that wrote it (both unknown for a bare tag's generation)."""
+    generation of the trainer that wrote it (None when unknown: a bare tag has no generation)."""
 
     tag: str
     step: int | None = None
