@@ -108,19 +108,33 @@ def test_stop_marker_inference_serves_until_the_rollout_node_drained(tmp_path: P
     assert "inference_error" not in (paths.root / "rollout-node.out").read_text()
 
 
-def _kill_strays(run: Path) -> None:
-    """A server started just before its infer node was killed is in its own session and no endpoint
-    file named it yet: end every process whose command line names this run (none may outlive the test)."""
+def _strays(run: Path) -> list[int]:
+    """Processes whose command line names this run (the test's own process aside)."""
+    found = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(run) in cmdline and int(proc_dir.name) != os.getpid():
-            try:
-                os.kill(int(proc_dir.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if str(run) in cmdline and int(proc_dir.name) != os.getpid() and state != "Z":
+            found.append(int(proc_dir.name))
+    return found
+
+
+def _end_strays(run: Path) -> list[int]:
+    """What of the run outlived its nodes after 30 s (killed, so that no test leaks a process). A server
+    started just before its infer node was killed is in its own session: only its tether (servers.py)
+    ends it."""
+    deadline = time.monotonic() + 30
+    while (left := _strays(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> None:
@@ -138,7 +152,8 @@ def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> N
         for proc in (infer, rollout):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        _kill_strays(paths.root)
+        strays = _end_strays(paths.root)
+    assert not strays, f"processes outlived their nodes: {strays}"
     out = (paths.root / "rollout-node.out").read_text()
     assert "inference failed while draining" in out, out[-3000:]
     assert "inference_error (" not in out, "no fault row: released, not retried"

@@ -7,6 +7,10 @@ server itself says it serves, None if it cannot say), ``stop()``.
 Guarantees:
 - Each server runs in its own session (process group); ``stop`` sends SIGTERM to the whole group,
   then SIGKILL after a grace period, so no worker process outlives its handle.
+- A server does not outlive its node process either: it starts under ``setpriv --pdeathsig TERM``
+  (util-linux >= 2.33), so the kernel sends it SIGTERM when the thread that started it (the node's
+  supervision loop) dies, SIGKILL included. Where setpriv lacks the option the server starts bare
+  (outside Slurm an orphaned server then runs on; inside a job Slurm's step cleanup still ends it).
 - vLLM listens only on a Unix socket inside a fresh 0700 directory on node-local scratch, so the
   authenticating proxy (which this handle runs in-process) is the only way to reach it. Its
   development endpoints (``VLLM_SERVER_DEV_MODE=1``) are therefore reachable only with the secret.
@@ -63,8 +67,27 @@ class ServerSpec:
     cpu_kvcache_gb: int = 1
 
 
+def _tether() -> list[str]:
+    """The command prefix that gives a child SIGTERM when its parent dies ([] where unsupported)."""
+    global _TETHER
+    if _TETHER is None:
+        setpriv = shutil.which("setpriv")
+        ok = False
+        if setpriv:
+            try:
+                ok = subprocess.run([setpriv, "--pdeathsig", "TERM", "--", "true"], capture_output=True,
+                                    timeout=10).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+        _TETHER = [setpriv, "--pdeathsig", "TERM", "--"] if ok and setpriv else []
+    return _TETHER
+
+
+_TETHER: list[str] | None = None
+
+
 class _Process:
-    """A child process in its own session, logging to a file."""
+    """A child process in its own session, logging to a file, ended by the kernel if its parent dies."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -75,7 +98,7 @@ class _Process:
         self._log = open(log_path, "ab")
         self._log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([*_tether(), *cmd], stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
 
     def alive(self) -> bool:
