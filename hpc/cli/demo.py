@@ -48,8 +48,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo", help="run the whole loop on this machine (no Slurm needed)",
         description="Start the CPU inference engine, a rollout node with bwrap sandboxes and the DeepSpeed trainer "
-        "as local processes; by default the tiny model, warm-started, learns the built-in 'builtin-pick' tasks "
-        "(reward ~0.25 -> >= 0.8); show the reward step by step; end with a summary.")
+        "as local processes; by default the tiny model, warm-started on the format only, trains on the built-in "
+        "'builtin-pick' tasks (reward ~0.25 before RL; the rise to 0.8 is not reached yet, see the README); "
+        "show the reward step by step; end with a summary.")
     p.add_argument("--out", metavar="RUN", help="run directory to create (default: ./runs/spoolrl-demo-XXXX)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"trainer steps (default {DEFAULT_STEPS})")
     p.add_argument("--resume", metavar="RUN", help="continue an interrupted demo run (as configured; --steps and "
