@@ -45,7 +45,7 @@ import secrets
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -58,7 +58,7 @@ from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
 from hpc.fsutil import safe_name, tmp_name
 from hpc.lease import fs_error
-from hpc.trajectory import SCHEMA_VERSION, Status, Trajectory, group_ids_consistent
+from hpc.trajectory import SCHEMA_VERSION, TOKEN_RULES, Status, Trajectory, broken_token_rule, group_ids_consistent
 
 MAGIC = b"SPOOLSHD"
 FORMAT_VERSION = 2
@@ -222,36 +222,6 @@ def _token_columns(table: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 _CHECK_BLOCK = 1 << 15  # elements per block of the bulk check (temporaries stay in the allocator's cache)
 
 
-# rule -> which elements of a block (mask, tokens, logprobs, versions) break it (used to name the row)
-_RULES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
-    "loss_mask values must be 0 or 1": lambda m, t, lp, pv: m.view(np.uint8) > 1,
-    "token IDs must be >= 0": lambda m, t, lp, pv: t < 0,
-    "logprobs must be 0 where loss_mask is 0": lambda m, t, lp, pv: (lp != 0) & (m == 0),
-    "behaviour logprobs must be finite and <= 0": lambda m, t, lp, pv: ~np.isfinite(lp) | (lp > 1e-4),
-    "policy_versions: -1 where loss_mask is 0, >= 0 where it is 1":
-        lambda m, t, lp, pv: (pv < -1) | ((pv == -1) == (m == 1)),
-}
-
-
-def _broken_rule(m: np.ndarray, t: np.ndarray, lp: np.ndarray, pv: np.ndarray) -> str | None:
-    """The first rule of :data:`_RULES` this block breaks, or None (reductions, small temporaries)."""
-    if not m.size:
-        return None
-    rules = list(_RULES)
-    if m.view(np.uint8).max() > 1:
-        return rules[0]
-    if t.min() < 0:
-        return rules[1]
-    gen = m == 1  # m is 0/1 from here on
-    if np.any((lp != 0) > gen):
-        return rules[2]
-    if not (lp.max() <= 1e-4 and lp.min() > -np.inf):  # a NaN fails both comparisons
-        return rules[3]
-    if pv.min() < -1 or np.any((pv == -1) == gen):
-        return rules[4]
-    return None
-
-
 def check_table(table: pa.Table, where: str) -> None:
     """Every row obeys the :class:`Trajectory` rules, checked column by column for the whole shard
     at once (a row-by-row check cost 200 us per 4,096-token record); CorruptShardError names the
@@ -272,9 +242,9 @@ def check_table(table: pa.Table, where: str) -> None:
     # its way through fresh memory (4x the cost, measured in the reader).
     for lo in range(0, int(offsets[-1]), _CHECK_BLOCK):
         block = [a[lo:lo + _CHECK_BLOCK] for a in arrays]
-        rule = _broken_rule(*block)
+        rule = broken_token_rule(*block)
         if rule is not None:
-            first = lo + int(np.argmax(_RULES[rule](*block)))
+            first = lo + int(np.argmax(TOKEN_RULES[rule](*block)))
             row = int(np.searchsorted(offsets, first, side="right")) - 1
             raise CorruptShardError(f"{where}: row {row} is not a valid trajectory: {rule}")
     for name in ("sample_index", "attempt"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,6 +98,40 @@ def training_refusal(logprob_kind: str, sampling: Mapping[str, Any]) -> str:
     return ""
 
 
+LOGPROB_MAX = 1e-4  # a behaviour logprob above this (float noise around 0 aside) is not a log-probability
+
+# The rules of the token arrays, stated once: Trajectory checks its own arrays with them, the shard
+# reader a whole shard's columns at once (hpc.shard.check_table).
+# rule -> which elements of (mask, tokens, logprobs, versions) break it (used to name the row)
+TOKEN_RULES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "loss_mask values must be 0 or 1": lambda m, t, lp, pv: m.view(np.uint8) > 1,
+    "token IDs must be >= 0": lambda m, t, lp, pv: t < 0,
+    "logprobs must be 0 where loss_mask is 0": lambda m, t, lp, pv: (lp != 0) & (m == 0),
+    "behaviour logprobs must be finite and <= 0": lambda m, t, lp, pv: ~np.isfinite(lp) | (lp > LOGPROB_MAX),
+    "policy_versions: -1 where loss_mask is 0, >= 0 where it is 1":
+        lambda m, t, lp, pv: (pv < -1) | ((pv == -1) == (m == 1)),
+}
+
+
+def broken_token_rule(m: np.ndarray, t: np.ndarray, lp: np.ndarray, pv: np.ndarray) -> str | None:
+    """The first rule of :data:`TOKEN_RULES` these arrays break, or None (reductions, small temporaries)."""
+    if not m.size:
+        return None
+    rules = list(TOKEN_RULES)
+    if m.view(np.uint8).max() > 1:
+        return rules[0]
+    if t.min() < 0:
+        return rules[1]
+    gen = m == 1  # m is 0/1 from here on
+    if np.any((lp != 0) > gen):
+        return rules[2]
+    if not (lp.max() <= LOGPROB_MAX and lp.min() > -np.inf):  # a NaN fails both comparisons
+        return rules[3]
+    if pv.min() < -1 or np.any((pv == -1) == gen):
+        return rules[4]
+    return None
+
+
 def _array(name: str, value: Any, dtype: type) -> npt.NDArray[Any]:
     arr: npt.NDArray[Any] = np.array(value, dtype=dtype, copy=True)
     if arr.ndim != 1:
@@ -148,17 +182,9 @@ class Trajectory:
         for name in ("loss_mask", "logprobs", "policy_versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Trajectory.{name}: length {len(getattr(self, name))} != len(token_ids) {n}")
-        if not np.isin(self.loss_mask, (0, 1)).all():
-            raise ValueError("Trajectory.loss_mask: values must be 0 or 1")
-        if (self.token_ids < 0).any():
-            raise ValueError("Trajectory.token_ids: token IDs must be >= 0")
-        gen = self.loss_mask == 1
-        if (self.logprobs[~gen] != 0).any():
-            raise ValueError("Trajectory.logprobs: must be 0 where loss_mask is 0")
-        if (self.logprobs[gen] > 1e-4).any() or not np.isfinite(self.logprobs).all():
-            raise ValueError("Trajectory.logprobs: behaviour logprobs must be finite and <= 0")
-        if (self.policy_versions[~gen] != -1).any() or (self.policy_versions[gen] < 0).any():
-            raise ValueError("Trajectory.policy_versions: -1 where loss_mask is 0, >= 0 where it is 1")
+        rule = broken_token_rule(self.loss_mask, self.token_ids, self.logprobs, self.policy_versions)
+        if rule is not None:
+            raise ValueError(f"Trajectory: {rule}")
         if self.sample_index < 0 or self.attempt < 0:
             raise ValueError("Trajectory.sample_index and attempt must be >= 0")
         if not (self.trajectory_id and self.task_id and self.group_id):

@@ -38,6 +38,7 @@ from typing import Any
 from hpc.config import InferenceConfig
 from hpc.errors import InferenceError
 from hpc.paths import RunPaths
+from hpc.trajectory import LOGPROB_MAX
 from rollout_node.agent.endpoints import EndpointDirectory, EndpointSource, StaticEndpoints
 from rollout_node.agent.http import FatalHTTPError, HTTPTransport, TransientHTTPError
 from rollout_node.agent.policy import Completion, SamplingParams
@@ -79,7 +80,7 @@ def parse_completion(data: Any, prompt_ids: Sequence[int], server: str, latency_
         raise ProtocolError(f"response lacks choices[0].token_ids / logprobs.token_logprobs: {exc!r}") from exc
     if len(logprobs) != len(ids):
         raise ProtocolError(f"{len(ids)} token_ids but {len(logprobs)} token_logprobs")
-    if not all(math.isfinite(x) and x <= 1e-4 for x in logprobs):
+    if not all(math.isfinite(x) and x <= LOGPROB_MAX for x in logprobs):
         raise ProtocolError("token_logprobs must be finite and <= 0")
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and list(echoed) != list(prompt_ids):
