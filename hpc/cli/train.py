@@ -48,10 +48,11 @@ def _load(run: str, overrides: list[str]) -> tuple[Any, Any]:
 
 def _train_node(args: argparse.Namespace) -> int:
     paths, cfg = _load(args.run, list(args.overrides))
+    from rollout_node.tasks.instance import task_file
     from train_node.trainer.feeder import instance_ids_for
     from train_node.trainer.loop import Options, Trainer
 
-    opts = Options(instance_ids=instance_ids_for(cfg.tasks.source), max_idle_s=args.max_idle_s)
+    opts = Options(instance_ids=instance_ids_for(task_file(cfg.tasks.source)), max_idle_s=args.max_idle_s)
     trainer = Trainer(paths.root, cfg, opts)
     trainer.setup()
     return trainer.run()

@@ -158,16 +158,20 @@ def parse_jsonl(lines: Iterable[str], source: str) -> list[TaskInstance]:
     return tasks
 
 
-def load_tasks(source: str | Path) -> list[TaskInstance]:
-    """A built-in set's name (``"builtin"``, ``"builtin-pick"``) or a path to a SWE-bench-style JSONL file."""
+def task_file(source: str | Path) -> Path:
+    """The JSONL file of ``tasks.source``: a built-in set's shipped file, else the path itself."""
     from hpc.config.tasks import builtin_task_file
 
     builtin = builtin_task_file(str(source))
     if builtin is not None:
         from rollout_node.tasks.builtin import HERE
-        path = HERE / builtin
-    else:
-        path = Path(source)
+        return HERE / builtin
+    return Path(source)
+
+
+def load_tasks(source: str | Path) -> list[TaskInstance]:
+    """A built-in set's name (``"builtin"``, ``"builtin-pick"``) or a path to a SWE-bench-style JSONL file."""
+    path = task_file(source)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

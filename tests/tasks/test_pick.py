@@ -12,6 +12,7 @@ from hpc.config import SandboxConfig
 from rollout_node.tasks import ensure_builtin_repos, harness, load_tasks
 from rollout_node.tasks.builtin import PICK_JSONL, generate
 from rollout_node.tasks.builtin.pick import CONFIG, VALUES, answer_of, pick_specs, single_token_values
+from rollout_node.tasks.instance import task_file
 from train_node.trainer.feeder import instance_ids_for
 
 pytestmark = pytest.mark.sandbox
@@ -24,7 +25,7 @@ def test_pick_jsonl_is_generated_from_the_spec() -> None:
 def test_selected_by_name_and_every_statement_names_its_own_answer() -> None:
     tasks = load_tasks("builtin-pick")
     assert len(tasks) == 16 and {t.repo for t in tasks} == {"spoolrl/summary"}
-    assert instance_ids_for("builtin-pick") == [t.instance_id for t in tasks]
+    assert instance_ids_for(task_file("builtin-pick")) == [t.instance_id for t in tasks]
     assert {t.instance_id for t in load_tasks("builtin")}.isdisjoint(t.instance_id for t in tasks)
     answers = [answer_of(t) for t in tasks]
     assert sorted(set(answers)) == sorted(VALUES) and len(VALUES) >= 4

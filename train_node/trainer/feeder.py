@@ -182,22 +182,9 @@ class Feeder:
         self.lost = [str(t) for t in data.get("lost", [])]
 
 
-def builtin_tasks_file(name: str = "tasks.jsonl") -> Path:
-    """A shipped task set's JSONL, located without importing ``rollout_node`` (train_node never imports it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("rollout_node")
-    if spec is None or not spec.submodule_search_locations:
-        raise UsageError("tasks.source: built-in sets need the rollout_node package installed next to train_node")
-    return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "builtin" / name
-
-
-def instance_ids_for(source: str) -> list[str]:
-    """The instance ids the feeder issues for ``tasks.source`` (a built-in set's name or a JSONL path)."""
-    from hpc.config.tasks import builtin_task_file
-
-    builtin = builtin_task_file(source)
-    path = builtin_tasks_file(builtin) if builtin is not None else Path(source)
+def instance_ids_for(path: Path) -> list[str]:
+    """The instance ids the feeder issues for the task file ``path`` (the CLI resolves ``tasks.source``
+    to it: a built-in set is a file of rollout_node, which train_node never imports)."""
     try:
         return instance_ids_from_jsonl(path)
     except (OSError, ValueError, KeyError) as exc:
