@@ -195,8 +195,14 @@ def test_cli_launch_status_cancel_as_unprivileged_user(run_dir: Path, fake_pytho
     cancel = as_ci_user([*cli, "cancel", str(run_dir)])
     assert cancel.returncode == 0 and job_id in cancel.stdout
     wait_for("cancelled", lambda: _sacct_state(job_id).startswith("CANCELLED"), 30)
-    assert CI_USER in subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", job_id],
-                                     capture_output=True, text=True).stdout
+
+    def job_users() -> set[str]:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", job_id], capture_output=True, text=True)
+        return set(out.stdout.split())
+
+    # slurmdbd may list a job's record before it has the user (one CI run read 'root' right after the
+    # cancel); every record of the job must name the unprivileged user once accounting caught up
+    wait_for(f"accounting names {CI_USER} for every part of the job", lambda: job_users() == {CI_USER}, 30)
 
     resumed = as_ci_user([*cli, "resume", str(run_dir), "slurm.rollout.nodes=2"])
     assert resumed.returncode == 0, resumed.stderr
