@@ -21,8 +21,9 @@ Guarantees:
   restarts back off (0.5 s doubling to 5 s) so a kill/restart loop cannot become a steady load.
   As root RLIMIT_NPROC does not apply (the kernel exempts uid 0): root gets a cgroup-v1 pids
   group per sandbox instead (:class:`PidsCgroup`).
-- Not counted: SysV segments no process has attached, and tmpfs of a runtime that shares the
-  node's mount namespace (``local``). A tmpfs file that is also mapped counts twice (on the safe side).
+- Not counted: SysV segments no process has attached, tmpfs of a runtime that shares the
+  node's mount namespace (``local``), and a tmpfs the node's own mount table also holds (not the
+  sandbox's alone; a launcher still setting up sees the node's mounts). A tmpfs file that is also mapped counts twice (on the safe side).
 - Disk budget: a sandbox registered with ``disk_dirs`` and ``disk_bytes`` (the episode's work dir and
   its private scratch, ``rollout.scratch_per_episode_gb``) has those trees measured every
   ``DISK_EVERY`` scans, and no sooner than ``DISK_DUTY`` times the last walk took (:func:`tree_bytes`: allocated blocks, symlinks not followed); past the budget
@@ -219,30 +220,49 @@ def memfd_bytes(pids: Iterable[int]) -> int:
 
 def tmpfs_bytes(pids: Iterable[int]) -> int:
     """Bytes stored in the tmpfs mounts (``/tmp``, ``/dev`` with ``/dev/shm``, ...) of the first mount
-    namespace among ``pids`` that is not the node's own (a tmpfs there is the sandbox's alone); else 0."""
+    namespace among ``pids`` that is not the node's own; else 0.
+
+    Only a tmpfs the node's own mount table does not hold counts (each once, by its device): that is
+    the sandbox's alone. A tmpfs of the node's seen from the sandbox's namespace does not: a launcher
+    between ``unshare(CLONE_NEWNS)`` and the end of its set-up holds a copy of the node's mounts (bwrap
+    keeps them under /oldroot for a moment), and counting them once killed fresh shells under load
+    ("memory 50420 MiB > limit 512 MiB" for a bwrap still setting up)."""
     own = os.readlink("/proc/self/ns/mnt")
     for pid in pids:
         try:
             if os.readlink(f"/proc/{pid}/ns/mnt") == own:
                 continue
             with open(f"/proc/{pid}/mountinfo", "rb") as f:
-                return _tmpfs_used(pid, f.read().splitlines())
+                theirs = f.read().splitlines()
+            with open("/proc/self/mountinfo", "rb") as f:
+                shared = {dev for dev, _ in _tmpfs_mounts(f.read().splitlines())}
+            return _tmpfs_used(pid, theirs, shared)
         except OSError:
             continue
     return 0
 
 
-def _tmpfs_used(pid: int, mountinfo: list[bytes]) -> int:
-    total = 0
+def _tmpfs_mounts(mountinfo: list[bytes]) -> list[tuple[bytes, str]]:
+    """(device, mount point) of every tmpfs line of a mountinfo table."""
+    out = []
     for line in mountinfo:
         pre, _, post = line.partition(b" - ")
-        if not post.startswith(b"tmpfs "):
-            continue
-        mountpoint = pre.split()[4].decode(errors="replace").replace("\\040", " ")
+        if post.startswith(b"tmpfs "):
+            fields = pre.split()
+            out.append((fields[2], fields[4].decode(errors="replace").replace("\\040", " ")))
+    return out
+
+
+def _tmpfs_used(pid: int, mountinfo: list[bytes], shared: set[bytes]) -> int:
+    total, seen = 0, set(shared)
+    for dev, mountpoint in _tmpfs_mounts(mountinfo):
+        if dev in seen:
+            continue  # the node's (not the sandbox's alone), or a second mount of one already counted
         try:
             st = os.statvfs(f"/proc/{pid}/root{mountpoint}")
         except OSError:
             continue
+        seen.add(dev)
         total += (st.f_blocks - st.f_bfree) * st.f_frsize
     return total
 
