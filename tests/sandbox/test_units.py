@@ -16,7 +16,7 @@ from hpc.config.sandbox import SandboxConfig
 from rollout_node.sandbox import default_image
 from rollout_node.sandbox.files import FileTools
 from rollout_node.sandbox.images import ImageCache
-from rollout_node.sandbox.limits import Limits, descendants, kill_tree
+from rollout_node.sandbox.limits import Limits, _tmpfs_used, descendants, kill_tree
 from rollout_node.sandbox.result import HeadTail, make_result
 from rollout_node.sandbox.runtimes import ApptainerRuntime, BwrapRuntime, LaunchSpec
 
@@ -143,3 +143,21 @@ def test_file_tools_refuse_escapes(tmp_path: Path) -> None:
               tools.create("up/new", "x"), tools.str_replace("link", "TOP", "x")):
         assert r.exit_code == 1 and "TOPSECRET" not in r.output, r
     assert (outside / "secret").read_text() == "TOPSECRET" and not (tmp_path / "new").exists()
+
+
+def test_tmpfs_accounting_counts_only_the_sandboxs_own_tmpfs(tmp_path: Path) -> None:
+    """A tmpfs the node's mount table also holds is not the sandbox's (a launcher still setting up
+    sees the node's mounts); a tmpfs mounted twice counts once. Measured on this process's /dev/shm
+    holding a 4 MiB file."""
+    blob = Path("/dev/shm") / f"spoolrl-units-{os.getpid()}"
+    blob.write_bytes(b"x" * (4 << 20))
+    try:
+        line = next(x for x in Path("/proc/self/mountinfo").read_bytes().splitlines()
+                    if x.split()[4] == b"/dev/shm" and b" - tmpfs " in x)
+        dev = line.split()[2]
+        alone = _tmpfs_used(os.getpid(), [line], set())
+        assert alone >= 4 << 20
+        assert _tmpfs_used(os.getpid(), [line, line], set()) == alone  # the same device once
+        assert _tmpfs_used(os.getpid(), [line], {dev}) == 0  # the node's own tmpfs
+    finally:
+        blob.unlink()
