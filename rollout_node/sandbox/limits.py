@@ -119,6 +119,21 @@ class PidsCgroup:
         # period cost every sandbox start ~10 ms here (scripts/bench_tools.py --only cold).
         return ["/bin/sh", "-c", 'echo 0 > "$0/tasks" && exec "$@"', str(self.path)]
 
+    def wait_released(self, timeout_s: float) -> int:
+        """Wait until at most NPROC_HEADROOM // 2 tasks are charged to the group (a killed tree's
+        processes are charged until reaped); returns the count left (0 without a group)."""
+        if self.path is None:
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                left = int((self.path / "pids.current").read_text())
+            except (OSError, ValueError):
+                return 0
+            if left <= NPROC_HEADROOM // 2 or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
+
     def remove(self) -> None:
         if self.path is None:
             return

@@ -105,7 +105,9 @@ class PtyShell:
                  dimensions: tuple[int, int] = (50, 200)) -> None:
         self._launch, self.keep, self._dims = launch, keep, dimensions
         self._on_spawn, self._on_death = on_spawn, on_death
-        self.respawn_delay: Callable[[], float] = lambda: 0.0
+        # called before a shell the watchdog killed is started again (the sandbox's back-off and
+        # the wait for its killed processes to be released)
+        self.before_respawn: Callable[[], None] = lambda: None
         self.proc: subprocess.Popen | None = None
         self.fd = -1
         self.spawns = 0
@@ -247,13 +249,13 @@ class PtyShell:
         status = self.kill()
         if why:
             status = None
-            time.sleep(self.respawn_delay())  # back-off: kill/restart must not become a steady load
+            self.before_respawn()
+        cause = why if why else f"the shell exited (status {status})"
         try:
             self.spawn()
-            note = (why + "; " if why else f"the shell exited (status {status}); ") + \
-                "a new shell was started (cwd, environment and /tmp were reset)"
+            note = f"{cause}; a new shell was started (cwd, environment and /tmp were reset)"
         except SandboxError as exc:
-            note = f"the shell exited and could not be restarted: {exc}"
+            note = f"{cause}; it could not be restarted: {exc}"
         return make_result(buf, status, time.monotonic() - t0, note=note)
 
     def _read_until_marker(self, buf: HeadTail, deadline: float) -> int:

@@ -47,6 +47,7 @@ from rollout_node.sandbox.runtimes import LaunchSpec, Runtime, get_runtime
 CTL_DIR = ".spoolrl"          # node <-> sandbox control files inside the work dir
 SUBMIT_KEEP = 32 * 2**20      # a submitted diff is never truncated below this size
 ENV_MARKER = "SPOOLRL_SANDBOX"
+RESPAWN_WAIT_S = 5.0          # at most this long for a killed sandbox's processes to be released
 
 
 class Sandbox:
@@ -72,7 +73,7 @@ class Sandbox:
         self.py = PyChannel(self._ctl_fd, self.keep, self._in_shell_sandbox)
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
                               on_death=self._on_death)
-        self.shell.respawn_delay = lambda: Watchdog.shared().backoff_s(self.key)
+        self.shell.before_respawn = self._before_respawn
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits, disk_dirs=(self.workdir, self.scratch), disk_bytes=disk_bytes)
         self.startup_s = self.shell.spawn()
@@ -101,6 +102,13 @@ class Sandbox:
                                  + exports + "exec " + shlex.join(BASH_ARGS))
         argv = self.cgroup.prefix() + self.runtime.argv(spec, ["/bin/sh", "-c", boot, "sh", SERVER_SOURCE])
         return ShellLaunch(argv=argv, env=self.runtime.host_env(spec), cwd=str(self.runtime.host_cwd(spec)))
+
+    def _before_respawn(self) -> None:
+        # back-off: kill/restart must not become a steady load
+        time.sleep(Watchdog.shared().backoff_s(self.key))
+        # a killed fork bomb's processes keep their pids charge until they are reaped (orphans by
+        # the host's init, ~1.5 s here): a shell started into a full group cannot fork and dies
+        self.cgroup.wait_released(RESPAWN_WAIT_S)
 
     def _on_spawn(self, pid: int) -> None:
         Watchdog.shared().add_root(self.key, pid)

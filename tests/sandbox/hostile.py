@@ -165,6 +165,7 @@ def check_fork_bomb() -> str:
         pid = sb.shell.pid
     assert after.output == "alive\n", after
     assert "watchdog" in r.output and "processes" in r.output and not r.timed_out, r
+    assert "a new shell was started" in r.output, r  # the restart after a bomb works (its pids released)
     assert pid is None or not processes_matching(":|:"), "fork bomb processes survived close()"
     return f"killed by the watchdog after {r.duration_s:.2f} s, shell usable again{capped}"
 

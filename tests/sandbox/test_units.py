@@ -161,3 +161,50 @@ def test_tmpfs_accounting_counts_only_the_sandboxs_own_tmpfs(tmp_path: Path) -> 
         assert _tmpfs_used(os.getpid(), [line], {dev}) == 0  # the node's own tmpfs
     finally:
         blob.unlink()
+
+
+def test_a_shell_that_cannot_be_restarted_keeps_the_watchdogs_reason(tmp_path: Path) -> None:
+    """A watchdog kill whose restart fails still names the kill (the agent's outcome), and the back-off
+    hook runs before the restart attempt, only after a watchdog kill."""
+    from rollout_node.sandbox.pty_shell import BASH_ARGS, PtyShell, ShellLaunch, marker_env
+
+    starts: list[str] = []
+
+    def launch(nonce: str) -> ShellLaunch:
+        starts.append(nonce)
+        argv = ["bash", *BASH_ARGS[1:]] if len(starts) == 1 else ["sh", "-c", "echo no room >&2; exit 1"]
+        return ShellLaunch(argv=argv, env={"PATH": os.environ["PATH"], **marker_env(nonce)}, cwd=str(tmp_path))
+
+    shell, hooks = PtyShell(launch, keep=4096), []
+    shell.before_respawn = lambda: hooks.append(len(starts))
+    shell.spawn()
+    assert shell.run("echo up", 5).output == "up\n"
+    result = shell.run("kill -9 $$", 5, why_dead=lambda: "sandbox killed by the watchdog: 70 processes")
+    assert "sandbox killed by the watchdog: 70 processes; it could not be restarted" in result.output, result
+    assert "no room" in result.output and hooks == [1], (result, hooks)
+    assert shell.proc is None
+    shell.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pids cgroups are created by root only")
+def test_pids_group_waits_for_killed_processes_to_be_released() -> None:
+    """Zombies keep their pids charge until reaped: the wait sees them, and ends once they are."""
+    from rollout_node.sandbox.limits import NPROC_HEADROOM, PidsCgroup
+
+    group = PidsCgroup(f"sbx-{os.getpid()}-unit", 64)
+    assert group.path is not None
+    # the parent leaves 10 exited children unreaped, then sleeps
+    proc = subprocess.Popen([*group.prefix(), "python3", "-c",
+                             "import os, time\nfor _ in range(10):\n    os.fork() or os._exit(0)\ntime.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while int((group.path / "pids.current").read_text()) < 11 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert group.wait_released(0.2) >= 11
+        proc.kill()
+        proc.wait()
+        assert group.wait_released(10) <= NPROC_HEADROOM // 2
+    finally:
+        proc.kill()
+        proc.wait()
+        group.remove()
