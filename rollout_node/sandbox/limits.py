@@ -273,13 +273,36 @@ def _tmpfs_used(pid: int, mountinfo: list[bytes], shared: set[bytes]) -> int:
     for dev, mountpoint in _tmpfs_mounts(mountinfo):
         if dev in seen:
             continue  # the node's (not the sandbox's alone), or a second mount of one already counted
-        try:
-            st = os.statvfs(f"/proc/{pid}/root{mountpoint}")
-        except OSError:
-            continue
-        seen.add(dev)
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+        used = _used_on(f"/proc/{pid}/root{mountpoint}", dev)
+        if used is not None:
+            seen.add(dev)
+            total += used
     return total
+
+
+def _used_on(path: str, dev: bytes) -> int | None:
+    """Bytes used on the filesystem at ``path`` if that is still device ``dev`` (mountinfo's
+    ``major:minor``), else None.
+
+    The table was read a moment before: a launcher setting up moves its mounts meanwhile. bwrap's
+    base tmpfs is its ``/`` until the last ``pivot_root``, after which ``/`` is the image on the
+    host's disk; a table read before it and measured after it charged the disk's used space
+    ("memory 54942 MiB > limit 4096 MiB": an EVAL sandbox killed before its runner printed). The
+    device is checked and the usage read on one descriptor, so nothing can move in between."""
+    major, _, minor = dev.partition(b":")
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_dev != os.makedev(int(major), int(minor)):
+            return None
+        st = os.fstatvfs(fd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def sandbox_memory(pids: list[int]) -> int:

@@ -152,8 +152,7 @@ def test_tmpfs_accounting_counts_only_the_sandboxs_own_tmpfs(tmp_path: Path) -> 
     blob = Path("/dev/shm") / f"spoolrl-units-{os.getpid()}"
     blob.write_bytes(b"x" * (4 << 20))
     try:
-        line = next(x for x in Path("/proc/self/mountinfo").read_bytes().splitlines()
-                    if x.split()[4] == b"/dev/shm" and b" - tmpfs " in x)
+        line = _visible_shm_line()
         dev = line.split()[2]
         alone = _tmpfs_used(os.getpid(), [line], set())
         assert alone >= 4 << 20
@@ -161,6 +160,27 @@ def test_tmpfs_accounting_counts_only_the_sandboxs_own_tmpfs(tmp_path: Path) -> 
         assert _tmpfs_used(os.getpid(), [line], {dev}) == 0  # the node's own tmpfs
     finally:
         blob.unlink()
+
+
+def _visible_shm_line() -> bytes:
+    """This process's mountinfo line of the tmpfs that /dev/shm leads to (it may be mounted over another)."""
+    st_dev = os.stat("/dev/shm").st_dev
+    return next(x for x in Path("/proc/self/mountinfo").read_bytes().splitlines()
+                if x.split()[4] == b"/dev/shm" and b" - tmpfs " in x
+                and x.split()[2] == f"{os.major(st_dev)}:{os.minor(st_dev)}".encode())
+
+
+def test_tmpfs_accounting_measures_only_the_mount_the_table_named() -> None:
+    """A mount table read while bwrap sets up lists its base tmpfs at '/'; measured after bwrap's last
+    pivot_root, '/' is the image on the host's disk, whose used space was charged as the sandbox's
+    memory (an EVAL sandbox killed before its runner printed anything). A path that no longer leads to
+    the table's device counts 0. Here: a tmpfs line moved to '/', where this process has its disk."""
+    fields = _visible_shm_line().split(b" ")
+    fields[4] = b"/"
+    stale = b" ".join(fields)
+    disk = os.statvfs("/")
+    assert os.stat("/").st_dev != os.stat("/dev/shm").st_dev and disk.f_blocks > disk.f_bfree
+    assert _tmpfs_used(os.getpid(), [stale], set()) == 0
 
 
 def test_a_shell_that_cannot_be_restarted_keeps_the_watchdogs_reason(tmp_path: Path) -> None:
