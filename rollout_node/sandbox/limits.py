@@ -233,28 +233,39 @@ def memfd_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-def tmpfs_bytes(pids: Iterable[int]) -> int:
-    """Bytes stored in the tmpfs mounts (``/tmp``, ``/dev`` with ``/dev/shm``, ...) of the first mount
-    namespace among ``pids`` that is not the node's own; else 0.
+def node_tmpfs() -> set[bytes]:
+    """The devices of the tmpfs mounts in this process's own mount table (never a sandbox's alone)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        return {dev for dev, _ in _tmpfs_mounts(f.read().splitlines())}
 
-    Only a tmpfs the node's own mount table does not hold counts (each once, by its device): that is
-    the sandbox's alone. A tmpfs of the node's seen from the sandbox's namespace does not: a launcher
-    between ``unshare(CLONE_NEWNS)`` and the end of its set-up holds a copy of the node's mounts (bwrap
-    keeps them under /oldroot for a moment), and counting them once killed fresh shells under load
-    ("memory 50420 MiB > limit 512 MiB" for a bwrap still setting up)."""
+
+def tmpfs_bytes(pids: Iterable[int], shared: set[bytes] | None = None) -> int:
+    """Bytes stored in the tmpfs mounts (``/tmp``, ``/dev`` with ``/dev/shm``, ...) of every mount
+    namespace among ``pids`` that is not the node's own (the shell's sandbox and each ``exec``
+    sandbox, e.g. an EVAL, have their own); 0 if there is none.
+
+    Each tmpfs counts once, by its device, and only one the node's own mount table does not hold
+    (``shared``: :func:`node_tmpfs`, read once per scan by the watchdog; read here when not given):
+    a launcher between ``unshare(CLONE_NEWNS)`` and the end of its set-up sees a copy of the node's
+    mounts, which are not the sandbox's alone. See :func:`_used_on` for a table read mid-setup."""
     own = os.readlink("/proc/self/ns/mnt")
+    seen: set[bytes] | None = None
+    spaces: set[str] = set()
+    total = 0
     for pid in pids:
         try:
-            if os.readlink(f"/proc/{pid}/ns/mnt") == own:
+            space = os.readlink(f"/proc/{pid}/ns/mnt")
+            if space == own or space in spaces:
                 continue
             with open(f"/proc/{pid}/mountinfo", "rb") as f:
                 theirs = f.read().splitlines()
-            with open("/proc/self/mountinfo", "rb") as f:
-                shared = {dev for dev, _ in _tmpfs_mounts(f.read().splitlines())}
-            return _tmpfs_used(pid, theirs, shared)
         except OSError:
             continue
-    return 0
+        spaces.add(space)
+        if seen is None:
+            seen = set(node_tmpfs() if shared is None else shared)
+        total += _tmpfs_used(pid, theirs, seen)
+    return total
 
 
 def _tmpfs_mounts(mountinfo: list[bytes]) -> list[tuple[bytes, str]]:
@@ -268,8 +279,9 @@ def _tmpfs_mounts(mountinfo: list[bytes]) -> list[tuple[bytes, str]]:
     return out
 
 
-def _tmpfs_used(pid: int, mountinfo: list[bytes], shared: set[bytes]) -> int:
-    total, seen = 0, set(shared)
+def _tmpfs_used(pid: int, mountinfo: list[bytes], seen: set[bytes]) -> int:
+    """Bytes on the tmpfs mounts of ``pid``'s table whose device is not in ``seen`` (updated)."""
+    total = 0
     for dev, mountpoint in _tmpfs_mounts(mountinfo):
         if dev in seen:
             continue  # the node's (not the sandbox's alone), or a second mount of one already counted
@@ -305,10 +317,10 @@ def _used_on(path: str, dev: bytes) -> int | None:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def sandbox_memory(pids: list[int]) -> int:
+def sandbox_memory(pids: list[int], shared_tmpfs: set[bytes] | None = None) -> int:
     """What one sandbox holds in RAM: mapped anonymous + shared memory of its processes, its open
-    memfds, and the contents of the tmpfs mounts of its own mount namespace."""
-    return sum(resident_bytes(p) for p in pids) + memfd_bytes(pids) + tmpfs_bytes(pids)
+    memfds, and the contents of the tmpfs mounts of its own mount namespace (see :func:`tmpfs_bytes`)."""
+    return sum(resident_bytes(p) for p in pids) + memfd_bytes(pids) + tmpfs_bytes(pids, shared_tmpfs)
 
 
 def tree_bytes(roots: Iterable[Path]) -> int:
@@ -393,7 +405,7 @@ class _Watched:
     roots: set[int]
     limits: Limits
     on_kill: Callable[[str], None] | None
-    verdict: str = ""
+    verdicts: dict[int, str] = field(default_factory=dict)  # killed root pid -> why
     peak_mem: int = 0
     peak_procs: int = 0
     demoted: set[int] = field(default_factory=set)
@@ -447,16 +459,13 @@ class Watchdog:
         with self._lock:
             self._watched.pop(key, None)
 
-    def verdict(self, key: str, *, clear: bool = True) -> str:
-        """Why the watchdog last killed this sandbox ('' if it did not); cleared by reading."""
+    def verdict(self, key: str, root: int) -> str:
+        """Why the watchdog killed the tree of ``root`` ('' if it did not); cleared by reading. Per root:
+        a kill that ended the shell between commands is not reported by a later ``exec``, and the
+        reverse."""
         with self._lock:
             w = self._watched.get(key)
-            if w is None:
-                return ""
-            text = w.verdict
-            if clear:
-                w.verdict = ""
-            return text
+            return w.verdicts.pop(root, "") if w else ""
 
     def over_disk(self, key: str) -> str:
         """Why this sandbox's trees broke their disk budget ('' while within it); never cleared."""
@@ -493,9 +502,10 @@ class Watchdog:
         hot = False
         threads: dict[int, int] = {}
         table = _ppid_table(threads)
+        shared = node_tmpfs()
         for _key, w, roots in items:
             pids = descendants(roots, table)
-            mem = sandbox_memory(pids)
+            mem = sandbox_memory(pids, shared)
             # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
             tasks = sum(threads.get(p, 1) for p in pids)
             w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
@@ -511,13 +521,14 @@ class Watchdog:
             elif disk:
                 why = disk
             if why:
+                verdict = f"sandbox killed by the watchdog: {why}"
                 with self._lock:  # the verdict first: the owner asks for it as soon as its shell dies
                     w.over_disk = w.over_disk or disk
-                    w.verdict = f"sandbox killed by the watchdog: {why}"
+                    w.verdicts.update(dict.fromkeys(roots, verdict))
                     w.kills += 1
                 kill_tree(roots)
                 if w.on_kill:
-                    w.on_kill(w.verdict)
+                    w.on_kill(verdict)
         return hot
 
 

@@ -56,10 +56,6 @@ from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
 BASH_ARGS = ["bash", "--norc", "--noprofile", "--noediting", "-i"]
 GRACE_S = 2.0          # after Ctrl-C, how long the job may take to give the prompt back
 SPAWN_TIMEOUT_S = 30.0
-
-
-class _SilentDeath(SandboxError):
-    """The shell ended before printing anything (see :meth:`PtyShell.spawn`)."""
 READ_CHUNK = 1 << 20
 SEND_CHUNK = 4096
 FLOOD_PAUSE_S = 0.005  # pause between reads once output is being truncated (back-pressure)
@@ -102,31 +98,21 @@ class PtyShell:
 
     def __init__(self, launch: Callable[[str], ShellLaunch], *, keep: int,
                  on_spawn: Callable[[int], None] | None = None, on_death: Callable[[int], None] | None = None,
-                 dimensions: tuple[int, int] = (50, 200)) -> None:
+                 why_dead: Callable[[int], str] = lambda pid: "", dimensions: tuple[int, int] = (50, 200)) -> None:
         self._launch, self.keep, self._dims = launch, keep, dimensions
         self._on_spawn, self._on_death = on_spawn, on_death
+        self._why_dead = why_dead  # pid -> why the watchdog killed that shell ('' if it did not), cleared by reading
         # called before a shell the watchdog killed is started again (the sandbox's back-off and
         # the wait for its killed processes to be released)
         self.before_respawn: Callable[[], None] = lambda: None
         self.proc: subprocess.Popen | None = None
         self.fd = -1
-        self.spawns = 0
         self._carry = b""
 
     # -------------------------------------------------------------- lifecycle
     def spawn(self) -> float:
-        """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError.
-
-        A shell that dies before printing anything is started once more: under heavy parallel load
-        (two harness evaluations at a time on 2 busy cores) about 1 start in 50 was seen to end that
-        way with nothing to show for it, and the second start works; a shell that prints an error, or
-        dies twice, is a SandboxError naming its exit status."""
-        try:
-            return self._spawn_once()
-        except _SilentDeath:
-            return self._spawn_once()
-
-    def _spawn_once(self) -> float:
+        """Start a fresh shell; returns the seconds until its first prompt. Raises SandboxError, naming
+        the watchdog's verdict when the watchdog killed the shell as it started."""
         t0 = time.monotonic()
         nonce = secrets.token_hex(8)
         self._marker = re.compile(b"\x1e" + nonce.encode() + rb":(\d{1,3})\x1e")  # status <= 255: a forged huge one is output
@@ -146,19 +132,17 @@ class PtyShell:
         finally:
             os.close(slave)
         self.fd = master
-        self.spawns += 1
         if self._on_spawn:
             self._on_spawn(self.proc.pid)
         buf = HeadTail(4096)
         try:
             self._read_until_marker(buf, t0 + SPAWN_TIMEOUT_S)
         except (ShellDied, TimeoutError) as exc:
+            pid = self.proc.pid
             status = self.kill()
-            text = buf.text().strip()
-            if isinstance(exc, ShellDied) and not text and self.spawns == 1:
-                raise _SilentDeath(f"exit status {status}") from exc
-            raise SandboxError(f"the sandbox shell did not start (exit status {status}, after {self.spawns} "
-                               f"start(s)): {text[-2000:]!r}") from exc
+            why = self._why_dead(pid)
+            raise SandboxError(f"the sandbox shell did not start (exit status {status}"
+                               + (f"; {why}" if why else "") + f"): {buf.text().strip()[-2000:]!r}") from exc
         return time.monotonic() - t0
 
     @property
@@ -187,7 +171,7 @@ class PtyShell:
         return code if code >= 0 else 128 - code
 
     # -------------------------------------------------------------- commands
-    def run(self, command: str, timeout_s: float, why_dead: Callable[[], str] = lambda: "") -> ToolResult:
+    def run(self, command: str, timeout_s: float) -> ToolResult:
         t0 = time.monotonic()
         buf = HeadTail(self.keep)
         note = ""
@@ -206,7 +190,7 @@ class PtyShell:
         except TimeoutError:
             return self._interrupt(buf, t0, note)
         except (ShellDied, OSError):
-            return self._died(buf, t0, why_dead())
+            return self._died(buf, t0, self._why_dead(self.proc.pid))
 
     def _send(self, data: bytes, deadline: float) -> None:
         """Type ``data`` into the shell without blocking past ``deadline`` (a long command fills the

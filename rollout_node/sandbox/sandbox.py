@@ -72,7 +72,7 @@ class Sandbox:
         self.files = FileTools(self.workdir, self.inside, self.keep, self.limits.max_file_bytes)
         self.py = PyChannel(self._ctl_fd, self.keep, self._in_shell_sandbox)
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
-                              on_death=self._on_death)
+                              on_death=self._on_death, why_dead=lambda pid: Watchdog.shared().verdict(self.key, pid))
         self.shell.before_respawn = self._before_respawn
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits, disk_dirs=(self.workdir, self.scratch), disk_bytes=disk_bytes)
@@ -124,8 +124,7 @@ class Sandbox:
     def run(self, command: str, *, timeout_s: float | None = None) -> ToolResult:
         """Run ``command`` in the persistent bash (cwd and environment persist)."""
         self._check_open()
-        return self.shell.run(command, timeout_s or self.cfg.command_timeout_s,
-                              why_dead=lambda: Watchdog.shared().verdict(self.key))
+        return self.shell.run(command, timeout_s or self.cfg.command_timeout_s)
 
     def python(self, code: str, *, timeout_s: float | None = None) -> ToolResult:
         """Run ``code`` in the persistent python interpreter inside the shell's sandbox."""
@@ -197,7 +196,7 @@ class Sandbox:
             proc.stdout.close()
             Watchdog.shared().remove_root(self.key, proc.pid)
         code: int | None = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        note = Watchdog.shared().verdict(self.key)
+        note = Watchdog.shared().verdict(self.key, proc.pid)
         if timed_out or note:
             code = None
         return make_result(buf, code, time.monotonic() - t0, timed_out=timed_out, note=note)

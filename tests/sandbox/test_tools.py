@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,3 +208,22 @@ def test_submit_of_the_work_dir_leaves_out_the_control_dir(sb: Sandbox, excluded
     r = sb.submit(".")
     assert r.exit_code == 0, r.output
     assert "-one\n+two" in r.output and ".spoolrl" not in r.output
+
+
+def test_a_watchdog_kill_is_reported_by_the_tool_it_ended_only(tmp_path: Path) -> None:
+    """The shell's sandbox killed between commands (a background process past the limit): the next
+    ``exec`` (what submit and EVAL use) is not marked as killed, the next shell command reports it."""
+    need_runtime("bwrap")
+    cfg = SandboxConfig(runtime="bwrap", max_procs=32)
+    with open_sandbox(cfg, tmp_path / "w") as box:
+        first = box.shell.pid
+        assert box.run("(for i in $(seq 40); do sleep 30 & done; wait) >/dev/null 2>&1 &").exit_code == 0
+        deadline = time.monotonic() + 20
+        while box.shell.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not box.shell.alive(), "the watchdog did not kill the sandbox past max_procs"
+        ran = box.exec(["true"])
+        assert ran.exit_code == 0 and "watchdog" not in ran.output, ran
+        told = box.run("echo after")
+        assert "sandbox killed by the watchdog" in told.output and "max_procs 32" in told.output, told
+        assert box.shell.pid != first and box.run("echo again").output == "again\n"

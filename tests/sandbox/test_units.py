@@ -195,11 +195,11 @@ def test_a_shell_that_cannot_be_restarted_keeps_the_watchdogs_reason(tmp_path: P
         argv = ["bash", *BASH_ARGS[1:]] if len(starts) == 1 else ["sh", "-c", "echo no room >&2; exit 1"]
         return ShellLaunch(argv=argv, env={"PATH": os.environ["PATH"], **marker_env(nonce)}, cwd=str(tmp_path))
 
-    shell, hooks = PtyShell(launch, keep=4096), []
+    shell, hooks = PtyShell(launch, keep=4096, why_dead=lambda pid: "sandbox killed by the watchdog: 70 processes"), []
     shell.before_respawn = lambda: hooks.append(len(starts))
     shell.spawn()
     assert shell.run("echo up", 5).output == "up\n"
-    result = shell.run("kill -9 $$", 5, why_dead=lambda: "sandbox killed by the watchdog: 70 processes")
+    result = shell.run("kill -9 $$", 5)
     assert "sandbox killed by the watchdog: 70 processes; it could not be restarted" in result.output, result
     assert "no room" in result.output and hooks == [1], (result, hooks)
     assert shell.proc is None
@@ -228,3 +228,27 @@ def test_pids_group_waits_for_killed_processes_to_be_released() -> None:
         proc.kill()
         proc.wait()
         group.remove()
+
+
+def test_tmpfs_of_every_sandbox_namespace_counts(tmp_path: Path) -> None:
+    """The shell's sandbox and an ``exec`` sandbox (an EVAL) each have their own /tmp: both count.
+    Two real bwrap sandboxes, each holding 8 MiB in its tmpfs /tmp."""
+    from rollout_node.sandbox.limits import tmpfs_bytes
+    from rollout_node.sandbox.runtimes import find_bwrap
+
+    bwrap = find_bwrap()
+    assert bwrap, "bwrap is part of the test setup (scripts/test.sh installs it)"
+    script = "head -c 8388608 /dev/zero > /tmp/blob && echo ready && exec sleep 60"
+    procs = [subprocess.Popen([bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc",
+                               "--unshare-pid", "--die-with-parent", "sh", "-c", script],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        one = tmpfs_bytes([procs[0].pid, *descendants([procs[0].pid])])
+        both = tmpfs_bytes([p.pid for p in procs] + descendants([p.pid for p in procs]))
+        assert one >= 8 << 20 and both >= 2 * one - (1 << 20), (one, both)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -144,7 +144,7 @@ def test_logging_and_namedtuples_in_the_tree_are_not_violations(env: dict[str, P
               "    _t = traceback.format_exc()\n")
     diff = task.patch + hostile_diff(env, task, "benign", _append("textkit/__init__.py", source))
     result = score(env, task, diff)
-    assert (result.reward, result.flags) == (1.0, ()), (result.status, result.outcomes, result.log[-3000:])
+    assert (result.reward, result.flags) == (1.0, ()), (result.status, result.error, result.outcomes, result.log[-3000:])
 
 
 @pytest.mark.parametrize("name", ["pytest.toml", ".pytest.toml", "pytest.ini", "tox.ini", "setup.cfg",

@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -67,23 +68,18 @@ class ServerSpec:
     cpu_kvcache_gb: int = 1
 
 
-def _tether() -> list[str]:
-    """The command prefix that gives a child SIGTERM when its parent dies ([] where unsupported)."""
-    global _TETHER
-    if _TETHER is None:
-        setpriv = shutil.which("setpriv")
+@functools.cache
+def _tether() -> tuple[str, ...]:
+    """The command prefix that gives a child SIGTERM when its parent dies (() where unsupported)."""
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        return ()
+    try:
+        ok = subprocess.run([setpriv, "--pdeathsig", "TERM", "--", "true"], capture_output=True,
+                            timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
         ok = False
-        if setpriv:
-            try:
-                ok = subprocess.run([setpriv, "--pdeathsig", "TERM", "--", "true"], capture_output=True,
-                                    timeout=10).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
-        _TETHER = [setpriv, "--pdeathsig", "TERM", "--"] if ok and setpriv else []
-    return _TETHER
-
-
-_TETHER: list[str] | None = None
+    return (setpriv, "--pdeathsig", "TERM", "--") if ok else ()
 
 
 class _Process:
