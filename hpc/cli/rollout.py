@@ -11,7 +11,8 @@ itself exits 3):
 - ``--max-episodes N``: after claiming N samples (whole groups), once they are written.
 - ``RUN/control/STOP`` appears, or SIGUSR1 (Slurm's ``--signal`` warning), SIGTERM or SIGINT
   arrives: the node drains (no new claims; in-flight groups have ``rollout.drain_timeout_s`` to
-  finish, then go back to the spool with ``release_task``) and exits.
+  finish, then go back to the spool with ``release_task``; after a SIGTERM, which Slurm sent their
+  sandboxes first, they go back at once) and exits.
 - ``rollout.max_consecutive_infra_faults`` infrastructure faults in a row: the node stops claiming,
   releases every task it holds and exits 3, the reason on stderr and in the summary (``failed``).
 - Otherwise it keeps polling the spool for new tasks.

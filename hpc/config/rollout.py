@@ -38,8 +38,8 @@ class RolloutConfig:
         "inference_error",
     )
     drain_timeout_s: float = knob(
-        20.0, doc="after SIGUSR1/SIGTERM/STOP, in-flight groups may finish this long, then go back to the spool "
-        "(keep it below Slurm's KillWait, 30 s by default, for a bare SIGTERM)", min=0.0, resumable=True,
+        20.0, doc="after SIGUSR1/STOP, in-flight groups may finish this long, then go back to the spool (after a "
+        "SIGTERM at once: Slurm signalled their sandboxes first)", min=0.0, resumable=True,
     )
     time_limit_margin_s: float = knob(
         60.0, doc="stop claiming when the job's remaining time is below p95 group time + this margin", min=0.0,

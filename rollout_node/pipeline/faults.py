@@ -48,7 +48,9 @@ Details:
 - *task cancelled*: a file ``RUN/control/cancel/<task_id>`` exists; the group is written with
   status ``cancelled`` so that the task is accounted for, and its sandboxes are closed.
 - *drain*: SIGUSR1 (Slurm's warning), SIGTERM, SIGINT or ``RUN/control/STOP``: no new claims;
-  groups still in flight ``drain_timeout_s`` later are cancelled and ``release_task``-ed.
+  groups still in flight ``drain_timeout_s`` later are cancelled and ``release_task``-ed. After a
+  SIGTERM (Slurm signals the whole step, the sandboxes first) every group in flight is released at
+  once and nothing more is written (``outcomes.STEP_SIGNALS``).
 - Agent-caused faults (issue 13) are the agent's outcome, never retried: whatever stems from the work
   tree's state or a tool call's content. *undiffable work tree*: ``collect_diff`` fails and the tree
   holds FIFOs/sockets/devices, entries without owner read/search permission or nested repositories,

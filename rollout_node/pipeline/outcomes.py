@@ -44,6 +44,11 @@ from rollout_node.pipeline.staleness import StalenessGuard
 log = logging.getLogger("spoolrl.rollout")
 TICK_S = 0.2
 ABORT_GRACE_S = 5.0  # after run_timeout_s the policy had this long to stop by itself
+# Slurm sends these to every process of the step, and proctrack/linuxproc does it deepest first: a
+# sandbox's processes (an EVAL's test runner, the agent's command) get it before the node, up to ~1 s
+# before under load. No episode in flight then ran undisturbed: a killed runner reads as the agent's
+# failure (reward 0). So its group goes back to the spool, never into a shard.
+STEP_SIGNALS = frozenset({"SIGTERM"})
 
 
 @dataclass
@@ -84,6 +89,7 @@ class NodeBase:
         self.streak = InfraStreak(self.rollout.max_consecutive_infra_faults)
         self.failed = ""  # why the node stopped itself (see health.py); '' while healthy
         self.drain_deadline = float("inf")
+        self.step_signalled = ""  # a signal from STEP_SIGNALS arrived: nothing more is written
         self.claiming = False
         self.spool_dry = False
         self.claimed_samples = 0
@@ -94,10 +100,14 @@ class NodeBase:
         self.sink: GroupSink | None = None
 
     def request_drain(self, reason: str) -> None:
-        """Stop claiming; in-flight groups may finish until the drain deadline, then are released."""
+        """Stop claiming; in-flight groups may finish until the drain deadline, then are released.
+        After a signal Slurm sent the whole step (STEP_SIGNALS) they are released at once."""
+        if reason in STEP_SIGNALS:
+            self.step_signalled = reason
+            self.drain_deadline = time.monotonic()
         if self.draining:
             return
-        budget = self.rollout.drain_timeout_s
+        budget = 0.0 if self.step_signalled else self.rollout.drain_timeout_s
         remaining = self.clock.remaining_s()
         if remaining is not None:
             budget = min(budget, max(0.0, remaining - 5.0))  # release before Slurm's kill
@@ -188,6 +198,9 @@ class NodeBase:
     def _write_group(self, group: Group) -> None:
         with self.write_lock:
             if group.closed:
+                return
+            if self.step_signalled:  # its sandboxes got the signal first (STEP_SIGNALS): not its result
+                self._release_locked(group)
                 return
             group.closed = True
             assert self.sink is not None, "groups are written only while the node runs"

@@ -3,6 +3,7 @@ once; SIGTERM drains (in-flight tasks go back to the spool) and the process exit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,3 +96,50 @@ def test_sigterm_drains_and_releases_in_flight_tasks(tmp_path: Path) -> None:
     assert not any((tmp_path / "scratch").rglob("work/*")), "work dirs removed"
     ps = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert ps.stdout.strip() == "", "no sandbox process outlives the drained node"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _deepest_first(pid: int) -> list[int]:
+    """The order proctrack/linuxproc signals a step in (see tests/slurm/test_fake_python.py)."""
+    return [p for child in _children(pid) for p in _deepest_first(child)] + [pid]
+
+
+def _runs_eval(pid: int) -> bool:
+    for p in _deepest_first(pid):
+        with contextlib.suppress(OSError):
+            if b"\0-I\0-B\0-c\0" in Path(f"/proc/{p}/cmdline").read_bytes():  # the EVAL runner (harness)
+                return True
+    return False
+
+
+def test_sigterm_to_the_tree_deepest_first_writes_no_interrupted_eval(tmp_path: Path) -> None:
+    """Slurm's SIGTERM reaches an EVAL's test runner before the node: its gold patch must not be written
+    as reward 0 (the agent's failure); the task goes back to the spool instead."""
+    paths, cfg, ids = make_run(tmp_path, 2, "rollout.scripted_plan=gold")
+    spool = Spool(paths.root, cfg.spool)
+    node = start_node(paths)
+    deadline = time.monotonic() + 120
+    while not _runs_eval(node.pid):
+        assert time.monotonic() < deadline and node.poll() is None, "no EVAL started"
+        time.sleep(0.01)
+    for pid in _deepest_first(node.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.02)  # the runner is killed before it reports, the node hears it just after
+    assert node.wait(timeout=60) == 0
+    rewards = [(t.task_id, t.status, t.reward) for s in spool.claim_shards("test-trainer", 100) for t in s.trajectories()]
+    assert all(r == (Status.OK, 1.0) for _, *r in rewards), f"an interrupted EVAL was written: {rewards}"
+    stats = spool.stats()
+    assert (stats["tasks_claimed"], stats["tasks_ready"] + stats["tasks_done"]) == (0, len(ids)), stats
+    assert stats["tasks_ready"] >= 1, "the task whose EVAL was interrupted went back to the spool"

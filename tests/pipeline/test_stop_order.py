@@ -142,7 +142,7 @@ def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> N
     infer, rollout = start_both(paths, tmp_path)
     try:
         servers = [json.loads(f.read_text())["server_pid"] for f in paths.endpoints.glob("infer-*.json")]
-        rollout.send_signal(signal.SIGTERM)  # drain with a long deadline ...
+        rollout.send_signal(signal.SIGUSR1)  # drain with a long deadline (a SIGTERM releases at once) ...
         os.killpg(infer.pid, signal.SIGKILL)  # ... and the servers die under it (each in its own session)
         for pid in servers:
             os.kill(pid, signal.SIGKILL)

@@ -41,3 +41,37 @@ def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path: Path) -> None:
     # all four groups' shards are covered and committed
     assert not list((paths.spool / "shards" / "ready").glob("*.shard"))
     assert len(list((paths.spool / "shards" / "committed").glob("*.shard"))) == 4
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_train_node_has_no_child_for_a_deepest_first_sigterm_to_reach_first(tmp_path: Path) -> None:
+    """proctrack/linuxproc signals a step's children before the role (tests/slurm/test_fake_python.py);
+    the train node starts none (one srun task per rank), so its SIGTERM is the first and only one."""
+    cfg = run_config(trainer={"checkpoint_every": 100, "total_steps": 100})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(4))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), SPOOLRL_FAULT="")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "train-node", str(paths.root)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while len(list(read_metrics(paths.root, "train_step"))) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    children = [Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(proc.pid)]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert children == [], children
+    assert proc.returncode == 75, err[-3000:]

@@ -18,7 +18,9 @@ What it does (torch-free; the CPU engine runs in child processes):
   server reports it serves (``served_version``); a server that cannot say is restarted.
 - Restarts a server whose process died, that did not become healthy within
   ``server_start_timeout_s``, or that failed 3 health checks in a row; gives up (exit 1) after
-  ``max_restarts`` restarts in a row that never became healthy.
+  ``max_restarts`` restarts in a row that never became healthy, unless the node is asked to stop within
+  ``STEP_SIGNAL_GAP_S`` of the last failure (Slurm signals a step deepest first: a server can die of the
+  job's SIGTERM, or stop answering, up to ~1 s before the node hears it; that is a stop, not a failure).
 - SIGTERM/SIGINT or ``RUN/control/STOP``: keeps serving (supervision, heartbeats, reloads) while rollout
   nodes are present (``RUN/endpoints/rollout-node-*.json``, :mod:`hpc.rollout_presence`: a node removes
   its record once its drain released everything), at most ``rollout.drain_timeout_s`` +
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -53,6 +56,7 @@ from train_node.infer.servers import SERVED_MODEL_NAME, CpuServer, ServerSpec, V
 from train_node.infer.weights import DiskReload, PolicyRef, RunDirPolicySource, WeightTransport
 
 UNHEALTHY_CHECKS = 3
+STEP_SIGNAL_GAP_S = 3.0  # how long a give-up waits for a stop that may be on its way (see the docstring)
 
 
 class Server(Protocol):
@@ -158,6 +162,7 @@ class InferNode:
         self._write_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
         self._next_beat = self._next_poll = 0.0
+        self._give_up: tuple[float, str] | None = None  # (when, why): exit 1 then unless stopping by then
 
     def current_policy(self) -> PolicyRef:
         return self.source.latest() or PolicyRef(0, initial_model(self.cfg, self.paths))
@@ -180,6 +185,8 @@ class InferNode:
             now = time.monotonic()
             for slot in self.slots:
                 self._supervise(slot, now)
+            if self._give_up is not None and now >= self._give_up[0] and not self._stopping():
+                raise InferenceError(self._give_up[1])
             if now >= self._next_beat:
                 self._heartbeat()
                 self._next_beat = now + inf.heartbeat_s
@@ -187,6 +194,9 @@ class InferNode:
                 self._push_latest()
                 self._next_poll = now + inf.policy_poll_s
             time.sleep(0.2)
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.paths.stop_marker.exists()
 
     def _serve_drain(self) -> None:
         """Asked to stop: go on serving while rollout nodes drain (bounded), so their episodes get answers."""
@@ -242,8 +252,12 @@ class InferNode:
         slot.restarts += 1
         self.metrics.log("server_down", index=slot.index, reason=reason, restarts=slot.restarts)
         if slot.restarts > self.cfg.inference.max_restarts:
-            raise InferenceError(f"inference server {slot.index} on {self.host} failed {slot.restarts} times in a "
-                                 f"row (last: {reason}); see {self.paths.logs}/infer-{self.host}-*.log")
+            slot.restart_at = math.inf  # no more restarts; the node ends unless a stop arrives meanwhile
+            self._give_up = self._give_up or (
+                time.monotonic() + STEP_SIGNAL_GAP_S,
+                f"inference server {slot.index} on {self.host} failed {slot.restarts} times in a row (last: {reason}); "
+                f"see {self.paths.logs}/infer-{self.host}-*.log")
+            return
         slot.restart_at = time.monotonic() + min(2.0 ** slot.restarts, 30.0)
 
     def _heartbeat(self) -> None:
