@@ -79,7 +79,10 @@ def marker_env(nonce: str) -> dict[str, str]:
     """Variables that make the interactive bash print the completion marker and nothing else."""
     # bash ignores PS1/PS2 from the environment of an interactive shell, so PROMPT_COMMAND (which
     # it does take, and runs before each prompt) clears them after printing the status of $?.
-    return {"PROMPT_COMMAND": f'printf "\\036{nonce}:%s\\036" $?; PS1=; PS2=; PS0='}
+    # An interactive bash catches SIGUSR1 even when it was ignored on entry (and dies of it): the
+    # trap keeps the shell alive through Slurm's time-limit warning (see spawner.WARNING_SIGNAL).
+    return {"PROMPT_COMMAND": f'printf "\\036{nonce}:%s\\036" $?; PS1=; PS2=; PS0=; '
+                              f"trap '' {spawner.WARNING_SIGNAL}"}
 
 
 def _open_pty(rows: int, cols: int) -> tuple[int, int]:

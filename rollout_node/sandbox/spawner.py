@@ -12,6 +12,11 @@ sandbox and to every command it runs, so Ctrl-C could never interrupt a timed-ou
 ``subprocess`` restores only SIGPIPE/SIGXFZ/SIGXFSZ, and a ``preexec_fn`` would cost vfork, so every
 launcher argv starts with :func:`default_signals`: ``env --default-signal`` (coreutils >= 8.31),
 else a two-line python shim doing the same.
+
+One exception, SIGUSR1, is ignored in sandboxes: it is Slurm's time-limit warning
+(``--signal=USR1@drain_s``), sent to every process of the rollout step, deepest first. It is the
+node's cue to drain (let the groups in flight finish); at its default disposition it would kill the
+sandboxes first, and an EVAL runner killed by it wrote a correct patch as reward 0.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+WARNING_SIGNAL = "USR1"  # Slurm's time-limit warning (hpc/sbatch_templates): the node's, not the sandbox's
 _SHIM = ("import os,signal,sys\n"
          "for s in signal.valid_signals():\n"
          "    try: signal.signal(s, signal.SIG_DFL)\n"
          "    except (OSError, ValueError): pass\n"
+         f"signal.signal(signal.SIG{WARNING_SIGNAL}, signal.SIG_IGN)\n"
          "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
@@ -50,11 +57,13 @@ def spawn(fn: Callable[[], T]) -> T:
 
 @functools.cache
 def default_signals() -> list[str]:
-    """An argv prefix that execs the rest with every signal at its default disposition."""
+    """An argv prefix that execs the rest with every signal at its default disposition but
+    :data:`WARNING_SIGNAL`, which is ignored."""
     env = shutil.which("env") or "/usr/bin/env"
+    prefix = [env, "--default-signal", f"--ignore-signal={WARNING_SIGNAL}"]
     try:
-        ok = subprocess.run([env, "--default-signal", "true"], stdin=subprocess.DEVNULL,
+        ok = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
-    return [env, "--default-signal"] if ok else [sys.executable, "-S", "-c", _SHIM]
+    return prefix if ok else [sys.executable, "-S", "-c", _SHIM]

@@ -21,27 +21,12 @@ from pathlib import Path
 from hpc.cli.run import init_run
 from hpc.config import load_config
 from hpc.paths import RunPaths
+from tests.proctree import deepest_first
 
 REPO = Path(__file__).resolve().parents[2]
 # give up after the first failure, seen within ~0.3 s (3 checks 0.1 s apart): inside the signalling gap
 CONFIG = ["inference.engine=cpu", "inference.cpu_threads=1", "inference.heartbeat_s=0.1", "inference.max_restarts=0",
           "slurm.infer.gpus_per_node=0"]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _deepest_first(pid: int) -> list[int]:
-    return [p for child in _children(pid) for p in _deepest_first(child)] + [pid]
 
 
 def _serving_node(tmp_path: Path) -> tuple[RunPaths, subprocess.Popen[bytes], int]:
@@ -63,7 +48,7 @@ def _stderr(proc: subprocess.Popen[bytes]) -> str:
 def test_server_signalled_first_then_the_node_exits_0(tmp_path: Path) -> None:
     paths, proc, server_pid = _serving_node(tmp_path)
     try:
-        order = _deepest_first(proc.pid)
+        order = deepest_first(proc.pid)
         assert order.index(server_pid) < order.index(proc.pid)
         for pid in order:
             with contextlib.suppress(ProcessLookupError):

@@ -22,6 +22,7 @@ from hpc.spool import Spool
 from hpc.trajectory import Status
 from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
+from tests.proctree import deepest_first
 
 pytestmark = pytest.mark.sandbox
 
@@ -98,25 +99,29 @@ def test_sigterm_drains_and_releases_in_flight_tasks(tmp_path: Path) -> None:
     assert ps.stdout.strip() == "", "no sandbox process outlives the drained node"
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _deepest_first(pid: int) -> list[int]:
-    """The order proctrack/linuxproc signals a step in (see tests/slurm/test_fake_python.py)."""
-    return [p for child in _children(pid) for p in _deepest_first(child)] + [pid]
+def test_time_limit_warning_to_the_tree_deepest_first_lets_the_eval_finish(tmp_path: Path) -> None:
+    """Slurm's time-limit warning (SIGUSR1) reaches an EVAL's test runner before the node: the runner
+    ignores it, the node drains, and the group in flight is written with its real reward."""
+    paths, cfg, ids = make_run(tmp_path, 2, "rollout.scripted_plan=gold")
+    spool = Spool(paths.root, cfg.spool)
+    node = start_node(paths)
+    deadline = time.monotonic() + 120
+    while not _runs_eval(node.pid):
+        assert time.monotonic() < deadline and node.poll() is None, "no EVAL started"
+        time.sleep(0.01)
+    for pid in deepest_first(node.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.02)
+    assert node.wait(timeout=90) == 0
+    rewards = [(t.status, t.reward) for s in spool.claim_shards("test-trainer", 100) for t in s.trajectories()]
+    assert rewards and all(r == (Status.OK, 1.0) for r in rewards), f"the drained EVAL was not scored: {rewards}"
+    stats = spool.stats()
+    assert (stats["tasks_claimed"], stats["tasks_ready"] + stats["tasks_done"]) == (0, len(ids)), stats
 
 
 def _runs_eval(pid: int) -> bool:
-    for p in _deepest_first(pid):
+    for p in deepest_first(pid):
         with contextlib.suppress(OSError):
             if b"\0-I\0-B\0-c\0" in Path(f"/proc/{p}/cmdline").read_bytes():  # the EVAL runner (harness)
                 return True
@@ -133,7 +138,7 @@ def test_sigterm_to_the_tree_deepest_first_writes_no_interrupted_eval(tmp_path: 
     while not _runs_eval(node.pid):
         assert time.monotonic() < deadline and node.poll() is None, "no EVAL started"
         time.sleep(0.01)
-    for pid in _deepest_first(node.pid):
+    for pid in deepest_first(node.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         time.sleep(0.02)  # the runner is killed before it reports, the node hears it just after

@@ -48,11 +48,31 @@ def test_cli_exec_started_with_sigint_ignored_interrupts(tmp_path: Path) -> None
     assert "ignored Ctrl-C" not in result["output"]
 
 
+USR1 = 1 << (signal.SIGUSR1 - 1)
+
+
 def test_the_python_fallback_resets_ignored_signals_too() -> None:
+    """Everything at its default but Slurm's time-limit warning (SIGUSR1), which stays ignored."""
     from rollout_node.sandbox.spawner import _SHIM
     proc = subprocess.run([sys.executable, "-S", "-c", _SHIM, "grep", "^SigIgn:", "/proc/self/status"],
                           capture_output=True, text=True, timeout=60, preexec_fn=_ignore_int_quit)
-    assert proc.returncode == 0 and int(proc.stdout.split()[1], 16) == 0, proc
+    assert proc.returncode == 0 and int(proc.stdout.split()[1], 16) == USR1, proc
+
+
+def test_sandbox_processes_ignore_the_time_limit_warning(tmp_path: Path) -> None:
+    """Slurm sends the warning (SIGUSR1) to every process of the step, the sandboxes first: the
+    shell, its commands and an exec (the EVAL) survive it; the node alone acts on it."""
+    need_runtime("bwrap")
+    from hpc.config.sandbox import SandboxConfig
+    from rollout_node.sandbox import open_sandbox
+
+    with open_sandbox(SandboxConfig(runtime="bwrap"), tmp_path / "w") as box:
+        shell = box.run("grep ^SigIgn: /proc/$$/status; kill -USR1 $$; echo alive")
+        fresh = box.exec(["sh", "-c", "grep ^SigIgn: /proc/self/status; kill -USR1 $$; echo alive"])
+    for r in (shell, fresh):
+        assert r.exit_code == 0 and r.output.endswith("alive\n"), r
+    assert int(shell.output.split()[1], 16) & USR1, shell  # an interactive bash ignores a few more
+    assert int(fresh.output.split()[1], 16) == USR1, fresh
 
 
 def test_rollout_node_started_with_sigint_ignored_keeps_its_shell(tmp_path: Path) -> None:

@@ -18,25 +18,11 @@ from pathlib import Path
 import pytest
 from slurm_helpers import FAKE_PYTHON
 
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _deepest_first(pid: int) -> list[int]:
-    return [p for child in _children(pid) for p in _deepest_first(child)] + [pid]
+from tests.proctree import deepest_first
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_signal_recorded_when_the_tree_is_signalled_deepest_first(tmp_path: Path, sig: signal.Signals) -> None:
+def test_signal_recorded_when_the_tree_is_signalleddeepest_first(tmp_path: Path, sig: signal.Signals) -> None:
     env = {**os.environ, "SLURMD_NODENAME": "n1", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7"}
     proc = subprocess.Popen(
         [str(FAKE_PYTHON), "-m", "hpc.cli", "train-node", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
@@ -44,7 +30,7 @@ def test_signal_recorded_when_the_tree_is_signalled_deepest_first(tmp_path: Path
     tag = "train-n1-0-j7-r0"
     assert proc.stdout is not None and proc.stdout.readline().startswith(f"started {tag}")
     time.sleep(0.2)  # into its wait for the plan
-    for pid in _deepest_first(proc.pid):
+    for pid in deepest_first(proc.pid):
         with contextlib.suppress(ProcessLookupError):  # slurmstepd ignores ESRCH too
             os.kill(pid, sig)
         time.sleep(0.3)  # the stall between two kill() calls that a loaded slurmstepd can take

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc.metrics import read_metrics
+from tests.proctree import children
 from train_node.trainer import checkpoint as ckpt
 
 from .helpers import free_port, make_run, run_config, standard_groups, write_groups
@@ -43,18 +44,6 @@ def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path: Path) -> None:
     assert len(list((paths.spool / "shards" / "committed").glob("*.shard"))) == 4
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 def test_train_node_has_no_child_for_a_deepest_first_sigterm_to_reach_first(tmp_path: Path) -> None:
     """proctrack/linuxproc signals a step's children before the role (tests/slurm/test_fake_python.py);
     the train node starts none (one srun task per rank), so its SIGTERM is the first and only one."""
@@ -70,8 +59,8 @@ def test_train_node_has_no_child_for_a_deepest_first_sigterm_to_reach_first(tmp_
     while len(list(read_metrics(paths.root, "train_step"))) < 2 and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    children = [Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(proc.pid)]
+    kids = [Path(f"/proc/{p}/cmdline").read_bytes() for p in children(proc.pid)]
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert children == [], children
+    assert kids == [], kids
     assert proc.returncode == 75, err[-3000:]
