@@ -89,8 +89,11 @@ class Sandbox:
     def _boot_script(self, then: str) -> str:
         # oom_score_adj from inside (inherited by every sandbox process): no preexec_fn on the node
         # side, so subprocess spawns with vfork instead of copying the node's page tables
+        # Slurm's time-limit warning is the node's (spawner.WARNING_SIGNAL): ignored here as well, as
+        # apptainer's starter resets the dispositions the launcher was given
         ulimits = self.limits.ulimit_script(nproc=self.runtime.isolated)
-        return f"echo 1000 > /proc/self/oom_score_adj\n{ulimits} || exit 125\n{then}"
+        return (f"trap '' {spawner.WARNING_SIGNAL}\necho 1000 > /proc/self/oom_score_adj\n"
+                f"{ulimits} || exit 125\n{then}")
 
     def _shell_launch(self, nonce: str) -> ShellLaunch:
         self.py.setup()

@@ -59,14 +59,16 @@ def test_the_python_fallback_resets_ignored_signals_too() -> None:
     assert proc.returncode == 0 and int(proc.stdout.split()[1], 16) == USR1, proc
 
 
-def test_sandbox_processes_ignore_the_time_limit_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", ["bwrap", pytest.param("apptainer", marks=pytest.mark.apptainer)])
+def test_sandbox_processes_ignore_the_time_limit_warning(tmp_path: Path, runtime: str) -> None:
     """Slurm sends the warning (SIGUSR1) to every process of the step, the sandboxes first: the
-    shell, its commands and an exec (the EVAL) survive it; the node alone acts on it."""
-    need_runtime("bwrap")
+    shell, its commands and an exec (the EVAL) survive it; the node alone acts on it. (apptainer's
+    starter resets signal dispositions: the boot script ignores it again.)"""
+    need_runtime(runtime)
     from hpc.config.sandbox import SandboxConfig
     from rollout_node.sandbox import open_sandbox
 
-    with open_sandbox(SandboxConfig(runtime="bwrap"), tmp_path / "w") as box:
+    with open_sandbox(SandboxConfig(runtime=runtime), tmp_path / "w") as box:
         shell = box.run("grep ^SigIgn: /proc/$$/status; kill -USR1 $$; echo alive")
         fresh = box.exec(["sh", "-c", "grep ^SigIgn: /proc/self/status; kill -USR1 $$; echo alive"])
     for r in (shell, fresh):
