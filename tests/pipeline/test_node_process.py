@@ -99,9 +99,9 @@ def test_sigterm_drains_and_releases_in_flight_tasks(tmp_path: Path) -> None:
     assert ps.stdout.strip() == "", "no sandbox process outlives the drained node"
 
 
-def test_time_limit_warning_to_the_tree_deepest_first_lets_the_eval_finish(tmp_path: Path) -> None:
-    """Slurm's time-limit warning (SIGUSR1) reaches an EVAL's test runner before the node: the runner
-    ignores it, the node drains, and the group in flight is written with its real reward."""
+def _signal_during_eval(tmp_path: Path, sig: signal.Signals) -> tuple[list[tuple[Status, float]], dict]:
+    """A node running gold patches gets ``sig`` deepest first (0.02 s apart: an EVAL's test runner
+    hears it before the node) while an EVAL runs; returns what was written, and the spool's stats."""
     paths, cfg, ids = make_run(tmp_path, 2, "rollout.scripted_plan=gold")
     spool = Spool(paths.root, cfg.spool)
     node = start_node(paths)
@@ -111,13 +111,13 @@ def test_time_limit_warning_to_the_tree_deepest_first_lets_the_eval_finish(tmp_p
         time.sleep(0.01)
     for pid in deepest_first(node.pid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, sig)
         time.sleep(0.02)
     assert node.wait(timeout=90) == 0
     rewards = [(t.status, t.reward) for s in spool.claim_shards("test-trainer", 100) for t in s.trajectories()]
-    assert rewards and all(r == (Status.OK, 1.0) for r in rewards), f"the drained EVAL was not scored: {rewards}"
     stats = spool.stats()
     assert (stats["tasks_claimed"], stats["tasks_ready"] + stats["tasks_done"]) == (0, len(ids)), stats
+    return rewards, stats
 
 
 def _runs_eval(pid: int) -> bool:
@@ -131,20 +131,13 @@ def _runs_eval(pid: int) -> bool:
 def test_sigterm_to_the_tree_deepest_first_writes_no_interrupted_eval(tmp_path: Path) -> None:
     """Slurm's SIGTERM reaches an EVAL's test runner before the node: its gold patch must not be written
     as reward 0 (the agent's failure); the task goes back to the spool instead."""
-    paths, cfg, ids = make_run(tmp_path, 2, "rollout.scripted_plan=gold")
-    spool = Spool(paths.root, cfg.spool)
-    node = start_node(paths)
-    deadline = time.monotonic() + 120
-    while not _runs_eval(node.pid):
-        assert time.monotonic() < deadline and node.poll() is None, "no EVAL started"
-        time.sleep(0.01)
-    for pid in deepest_first(node.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        time.sleep(0.02)  # the runner is killed before it reports, the node hears it just after
-    assert node.wait(timeout=60) == 0
-    rewards = [(t.task_id, t.status, t.reward) for s in spool.claim_shards("test-trainer", 100) for t in s.trajectories()]
-    assert all(r == (Status.OK, 1.0) for _, *r in rewards), f"an interrupted EVAL was written: {rewards}"
-    stats = spool.stats()
-    assert (stats["tasks_claimed"], stats["tasks_ready"] + stats["tasks_done"]) == (0, len(ids)), stats
+    rewards, stats = _signal_during_eval(tmp_path, signal.SIGTERM)
+    assert all(r == (Status.OK, 1.0) for r in rewards), f"an interrupted EVAL was written: {rewards}"
     assert stats["tasks_ready"] >= 1, "the task whose EVAL was interrupted went back to the spool"
+
+
+def test_time_limit_warning_to_the_tree_deepest_first_lets_the_eval_finish(tmp_path: Path) -> None:
+    """Slurm's time-limit warning (SIGUSR1) reaches an EVAL's test runner before the node: the runner
+    ignores it, the node drains, and the group in flight is written with its real reward."""
+    rewards, _ = _signal_during_eval(tmp_path, signal.SIGUSR1)
+    assert rewards and all(r == (Status.OK, 1.0) for r in rewards), f"the drained EVAL was not scored: {rewards}"
