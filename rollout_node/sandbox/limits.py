@@ -11,10 +11,11 @@ Guarantees:
 - One watchdog thread per node process scans /proc every ``interval_s`` (0.2 s), sums the memory
   of each registered sandbox (:func:`sandbox_memory`: anonymous and shared memory its processes map,
   i.e. MAP_SHARED, memfd, SysV shm, from ``Pss_Anon + Pss_Shmem``; memfds held open but unmapped;
-  the contents of the tmpfs mounts of its own mount namespace, ``/tmp``, ``/dev/shm`` included) and
+  the contents of the tmpfs mounts of its mount namespaces, the shell's and each exec's, ``/tmp``,
+  ``/dev/shm`` included) and
   counts the tasks (processes and threads, as RLIMIT_NPROC does) of its process tree,
-  and kills a tree that exceeds ``mem_bytes`` or ``max_procs``; the owner learns why through
-  :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
+  and kills a tree that exceeds ``mem_bytes`` or ``max_procs``; the owner of each killed process
+  learns why through :meth:`Watchdog.verdict`. A fork bomb is capped by RLIMIT_NPROC first, then killed. A sandbox
   past half of a limit first gets the lowest CPU weight for its scheduler autogroup (each sandbox
   launch is its own session, hence its own autogroup when ``kernel.sched_autogroup_enabled``).
   A sandbox the watchdog killed once starts every later shell demoted (penalty box), and its
@@ -23,7 +24,9 @@ Guarantees:
   group per sandbox instead (:class:`PidsCgroup`).
 - Not counted: SysV segments no process has attached, tmpfs of a runtime that shares the
   node's mount namespace (``local``), and a tmpfs the node's own mount table also holds (not the
-  sandbox's alone; a launcher still setting up sees the node's mounts). A tmpfs file that is also mapped counts twice (on the safe side).
+  sandbox's alone; a launcher still setting up sees the node's mounts), nor one whose path no longer
+  leads to the device the table named (:func:`_used_on`). A tmpfs file that is also mapped counts
+  twice (on the safe side).
 - Disk budget: a sandbox registered with ``disk_dirs`` and ``disk_bytes`` (the episode's work dir and
   its private scratch, ``rollout.scratch_per_episode_gb``) has those trees measured every
   ``DISK_EVERY`` scans, and no sooner than ``DISK_DUTY`` times the last walk took (:func:`tree_bytes`: allocated blocks, symlinks not followed); past the budget
