@@ -81,7 +81,9 @@ def test_sigkill_writers_and_consumers_at_random_points(tmp_path: Path) -> None:
         time.sleep(rng.uniform(0.0, 0.08))
         for p in procs:
             if rng.random() < 0.8:
-                os.kill(p.pid, signal.SIGKILL)
+                # Process.kill, not os.kill: a worker that already ended may have been reaped by
+                # multiprocessing (Process.start reaps finished children), and its pid gone
+                p.kill()
         for p in procs:
             p.join(60)
             assert p.exitcode in (0, -signal.SIGKILL), f"worker failed: exit {p.exitcode}"
