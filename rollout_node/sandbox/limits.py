@@ -39,6 +39,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -242,13 +243,14 @@ def node_tmpfs() -> set[bytes]:
         return {dev for dev, _ in _tmpfs_mounts(f.read().splitlines())}
 
 
-def tmpfs_bytes(pids: Iterable[int], shared: set[bytes] | None = None) -> int:
+def tmpfs_bytes(pids: Iterable[int], shared: Callable[[], set[bytes]] = node_tmpfs) -> int:
     """Bytes stored in the tmpfs mounts (``/tmp``, ``/dev`` with ``/dev/shm``, ...) of every mount
     namespace among ``pids`` that is not the node's own (the shell's sandbox and each ``exec``
     sandbox, e.g. an EVAL, have their own); 0 if there is none.
 
     Each tmpfs counts once, by its device, and only one the node's own mount table does not hold
-    (``shared``: :func:`node_tmpfs`, read once per scan by the watchdog; read here when not given):
+    (``shared()``: :func:`node_tmpfs`, which the watchdog caches per scan; called only once a
+    namespace of its own is found, so a scan with none reads no mount table):
     a launcher between ``unshare(CLONE_NEWNS)`` and the end of its set-up sees a copy of the node's
     mounts, which are not the sandbox's alone. See :func:`_used_on` for a table read mid-setup."""
     own = os.readlink("/proc/self/ns/mnt")
@@ -266,7 +268,7 @@ def tmpfs_bytes(pids: Iterable[int], shared: set[bytes] | None = None) -> int:
             continue
         spaces.add(space)
         if seen is None:
-            seen = set(node_tmpfs() if shared is None else shared)
+            seen = set(shared())
         total += _tmpfs_used(pid, theirs, seen)
     return total
 
@@ -320,7 +322,7 @@ def _used_on(path: str, dev: bytes) -> int | None:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def sandbox_memory(pids: list[int], shared_tmpfs: set[bytes] | None = None) -> int:
+def sandbox_memory(pids: list[int], shared_tmpfs: Callable[[], set[bytes]] = node_tmpfs) -> int:
     """What one sandbox holds in RAM: mapped anonymous + shared memory of its processes, its open
     memfds, and the contents of the tmpfs mounts of its own mount namespace (see :func:`tmpfs_bytes`)."""
     return sum(resident_bytes(p) for p in pids) + memfd_bytes(pids) + tmpfs_bytes(pids, shared_tmpfs)
@@ -505,7 +507,7 @@ class Watchdog:
         hot = False
         threads: dict[int, int] = {}
         table = _ppid_table(threads)
-        shared = node_tmpfs()
+        shared = functools.cache(node_tmpfs)  # read at most once per scan, and only if some sandbox needs it
         for _key, w, roots in items:
             pids = descendants(roots, table)
             mem = sandbox_memory(pids, shared)

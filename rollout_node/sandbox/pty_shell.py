@@ -101,13 +101,14 @@ class PtyShell:
 
     def __init__(self, launch: Callable[[str], ShellLaunch], *, keep: int,
                  on_spawn: Callable[[int], None] | None = None, on_death: Callable[[int], None] | None = None,
-                 why_dead: Callable[[int], str] = lambda pid: "", dimensions: tuple[int, int] = (50, 200)) -> None:
+                 why_dead: Callable[[int], str] = lambda pid: "", before_respawn: Callable[[], None] = lambda: None,
+                 dimensions: tuple[int, int] = (50, 200)) -> None:
         self._launch, self.keep, self._dims = launch, keep, dimensions
         self._on_spawn, self._on_death = on_spawn, on_death
         self._why_dead = why_dead  # pid -> why the watchdog killed that shell ('' if it did not), cleared by reading
         # called before a shell the watchdog killed is started again (the sandbox's back-off and
         # the wait for its killed processes to be released)
-        self.before_respawn: Callable[[], None] = lambda: None
+        self._before_respawn = before_respawn
         self.proc: subprocess.Popen | None = None
         self.fd = -1
         self._carry = b""
@@ -236,7 +237,7 @@ class PtyShell:
         status = self.kill()
         if why:
             status = None
-            self.before_respawn()
+            self._before_respawn()
         cause = why if why else f"the shell exited (status {status})"
         try:
             self.spawn()

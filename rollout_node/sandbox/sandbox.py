@@ -72,8 +72,8 @@ class Sandbox:
         self.files = FileTools(self.workdir, self.inside, self.keep, self.limits.max_file_bytes)
         self.py = PyChannel(self._ctl_fd, self.keep, self._in_shell_sandbox)
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
-                              on_death=self._on_death, why_dead=lambda pid: Watchdog.shared().verdict(self.key, pid))
-        self.shell.before_respawn = self._before_respawn
+                              on_death=self._on_death, why_dead=lambda pid: Watchdog.shared().verdict(self.key, pid),
+                              before_respawn=self._before_respawn)
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits, disk_dirs=(self.workdir, self.scratch), disk_bytes=disk_bytes)
         self.startup_s = self.shell.spawn()

@@ -195,8 +195,9 @@ def test_a_shell_that_cannot_be_restarted_keeps_the_watchdogs_reason(tmp_path: P
         argv = ["bash", *BASH_ARGS[1:]] if len(starts) == 1 else ["sh", "-c", "echo no room >&2; exit 1"]
         return ShellLaunch(argv=argv, env={"PATH": os.environ["PATH"], **marker_env(nonce)}, cwd=str(tmp_path))
 
-    shell, hooks = PtyShell(launch, keep=4096, why_dead=lambda pid: "sandbox killed by the watchdog: 70 processes"), []
-    shell.before_respawn = lambda: hooks.append(len(starts))
+    hooks: list[int] = []
+    shell = PtyShell(launch, keep=4096, why_dead=lambda pid: "sandbox killed by the watchdog: 70 processes",
+                     before_respawn=lambda: hooks.append(len(starts)))
     shell.spawn()
     assert shell.run("echo up", 5).output == "up\n"
     result = shell.run("kill -9 $$", 5)
@@ -233,7 +234,7 @@ def test_pids_group_waits_for_killed_processes_to_be_released() -> None:
 def test_tmpfs_of_every_sandbox_namespace_counts(tmp_path: Path) -> None:
     """The shell's sandbox and an ``exec`` sandbox (an EVAL) each have their own /tmp: both count.
     Two real bwrap sandboxes, each holding 8 MiB in its tmpfs /tmp."""
-    from rollout_node.sandbox.limits import tmpfs_bytes
+    from rollout_node.sandbox.limits import node_tmpfs, tmpfs_bytes
     from rollout_node.sandbox.runtimes import find_bwrap
 
     bwrap = find_bwrap()
@@ -245,9 +246,18 @@ def test_tmpfs_of_every_sandbox_namespace_counts(tmp_path: Path) -> None:
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline() == "ready\n"
-        one = tmpfs_bytes([procs[0].pid, *descendants([procs[0].pid])])
-        both = tmpfs_bytes([p.pid for p in procs] + descendants([p.pid for p in procs]))
+        reads: list[int] = []
+
+        def node_table() -> set[bytes]:
+            reads.append(1)
+            return node_tmpfs()
+
+        one = tmpfs_bytes([procs[0].pid, *descendants([procs[0].pid])], node_table)
+        both = tmpfs_bytes([p.pid for p in procs] + descendants([p.pid for p in procs]), node_table)
         assert one >= 8 << 20 and both >= 2 * one - (1 << 20), (one, both)
+        assert len(reads) == 2, reads  # the node's table once per call, not once per namespace
+        # processes in the node's own namespace only: no mount table is read at all
+        assert tmpfs_bytes([os.getpid()], node_table) == 0 and len(reads) == 2, reads
     finally:
         for p in procs:
             p.kill()
