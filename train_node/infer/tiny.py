@@ -10,8 +10,9 @@ Guarantees:
   scaled embeddings just repeats its last input token; this one samples varied tokens (logit std ~1.6).
   ``tie_embeddings=True`` builds the tied variant (lm_head = input embeddings, unscaled): untrained it
   mostly repeats its input, but a policy-gradient learner can copy a token of the prompt through it, which the
-  untied one never learned (``scripts/probe_pick_learning.py``). ``copy_init=2.0`` on top starts the
-  first layer as copy heads (:func:`_copy_init`); the demo's warm start starts from that build.
+  untied one never learned (``scripts/probe_pick_learning.py``). ``copy_init`` > 0 on top starts the
+  first layer as copy heads (:func:`_copy_init`). The demo's warm start still starts from the untied
+  build: neither variant yet learns through the whole loop in the demo's budget (issue 12).
 - Output directories appear atomically (built in a temporary sibling, then renamed) and builds are
   cached under ``$SPOOLRL_CACHE`` (default ``~/.cache/spoolrl``), keyed by every argument.
 - vLLM (CPU and GPU) serves the result: fp32 safetensors, head_dim 64, max_position_embeddings 2048.
@@ -53,8 +54,8 @@ class TinySpec:
     num_kv_heads: int = 2
     max_position_embeddings: int = 2048
     lm_head_scale: float = 5.0
-    tie_embeddings: bool = False  # True: lm_head shares the input embeddings (unscaled); the demo's base
-    # > 0: the first layer's heads start as copy heads (see _copy_init), output scaled by this; the demo's base
+    tie_embeddings: bool = False  # True: lm_head shares the input embeddings (unscaled)
+    # > 0: the first layer's heads start as copy heads (see _copy_init), output scaled by this
     copy_init: float = 0.0
 
     def key(self) -> str:
@@ -202,9 +203,9 @@ def _copy_init(model: Any, scale: float) -> None:
 
     A generic prior, not the task: which tokens a head attends to stays random (queries and keys are
     untouched), so the model reads nothing yet; but learning to look at a token then pays off at once
-    through the tied ``lm_head``, instead of needing a value path learned at the same time (the
-    tiny model then starts reading ``builtin-pick``'s statement within ~10 RL steps instead of 25-50;
-    ``scripts/probe_pick_learning.py``)."""
+    through the tied ``lm_head``, instead of needing a value path learned at the same time. In the
+    probe (``scripts/probe_pick_learning.py``, whose docstring has the figures) the tied model with
+    copy heads started reading ``builtin-pick``'s statement sooner, but not in every seed."""
     import torch
 
     cfg = model.config
