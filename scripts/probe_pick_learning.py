@@ -56,8 +56,6 @@ Sixth session (tied, group 8, T = 0.7; rows as printed at step 10):
   within 10 steps, also at lr 5e-5; with kl 0.2, still identical rows at step 40.
 - pretraining the base to recall a quoted identifier named earlier (200 steps): loss stays at
   log(vocab), no copy learned.
-So the tiny model from scratch needs >= 1,300 balanced episodes (40 steps x 32) in its best seed, and
-the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s per episode the 10-minute budget is ~460.
 - the nearest to a fix: ``--copy-init 2`` (the first layer starts as copy heads, ``TinySpec.copy_init``)
   with the closing request repeated ("... to `min`. It must be `min`." + 3 more "It must be ..."),
   patched locally into ``pick.py``. In an earlier variant of this probe (the copy basis drawn from its
@@ -72,6 +70,9 @@ the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s per episode the 10-minut
   every statement, mass 0.29 on the named one) but its first 2-12 layers alone put 0.00 on any value,
   and the whole model costs ~1 s per 360-token forward here: a trainer step of 16 episodes would take
   minutes.
+So without copy heads the tiny model needs >= 1,300 balanced episodes (40 steps x 32) in its best seed,
+with them the rise is still seed-dependent, and the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s
+per episode the 10-minute budget is ~460.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tie", action="store_true",
-                    help="the tied tiny model (tie_embeddings=True, the demo's base) instead of the untied default")
+                    help="the tied tiny model (tie_embeddings=True) instead of the untied default (the demo's base)")
     ap.add_argument("--copy-init", type=float, default=0.0,
-                    help="start the first layer as copy heads (the tiny model's copy_init; the demo's base: 2.0 with --tie)")
+                    help="start the first layer as copy heads, scaled by this (the tiny model's copy_init; 2.0 tried)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--group", type=int, default=16, help="samples per task (GRPO group)")
     ap.add_argument("--steps", type=int, default=60)
@@ -123,10 +124,14 @@ def main() -> None:
     choices = prefixes[0][1]
     answers = [VALUES.index(answer_of(t)) for t in tasks]
     by_value = {v: [i for i, a in enumerate(answers) if a == v] for v in range(len(VALUES))}
-    ref = AutoModelForCausalLM.from_pretrained(str(warm), dtype=torch.float32).eval() if args.kl else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     t_inv = 1.0 / args.temperature
+    ref_logps = None  # the warm start's logprobs at each fixed prefix: computed once, it does not train
+    if args.kl:
+        with torch.no_grad():
+            ref_logps = [torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1] * t_inv, -1)
+                         for p, _ in prefixes]
 
     def expected() -> tuple[float, str]:
         """(the expected reward, P(each value | each requested value) as rows)."""
@@ -155,10 +160,8 @@ def main() -> None:
             rewards = (picks == choices[answers[i]]).float()
             adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
             loss = loss - (adv * logp[picks]).sum()
-            if ref is not None:
-                with torch.no_grad():
-                    ref_logp = torch.log_softmax(ref(input_ids=torch.tensor([prefixes[i][0]])).logits[0, -1] * t_inv, -1)
-                d = ref_logp[picks] - logp[picks]
+            if ref_logps is not None:
+                d = ref_logps[i][picks] - logp[picks]
                 loss = loss + args.kl * (d.exp() - d - 1).sum()
         (loss / (len(batch) * args.group)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
