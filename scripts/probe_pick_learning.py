@@ -9,7 +9,7 @@ can be judged in seconds before paying for the whole loop. Nothing here is a lea
 claim must come from the demo (tests/e2e/test_learning.py).
 
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
-        [--tasks-per-step 4] [--random-tasks] [--kl 0.0]
+        [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -70,6 +70,27 @@ Sixth session (tied, group 8, T = 0.7; rows as printed at step 10):
   every statement, mass 0.29 on the named one) but its first 2-12 layers alone put 0.00 on any value,
   and the whole model costs ~1 s per 360-token forward here: a trainer step of 16 episodes would take
   minutes.
+Seventh session:
+- the bound no RL algorithm can beat with this base (``--oracle``: cross-entropy on the named value, i.e.
+  every sample labelled, ``--tasks-per-step 16 --group 1 --random-tasks``): the demo's untied base reads
+  only after 400-500 labelled samples (0.26 at step 20 = 320 samples, 0.44 at 480, 0.90 at 640; lr 1e-3:
+  0.26 at 320, 0.51 at 480); tied with ``--copy-init 2``: 0.27 at 320, 0.46 at 480, 0.87 at 640. An RL
+  episode carries less than a label (one reward bit over a sampled value), and the demo's 10 minutes hold
+  ~460 episodes, so the demo cannot rise from any of these bases, whatever the objective.
+- a base pretrained to read (a local experiment, not committed): 200 steps (130 s) of the same
+  cross-entropy on "Set `KEY` in FILE to `VALUE`." episodes in the agent's format for other keys, files and
+  phrasings, values drawn from ~1,400 single-token words (loss 8.3 -> 0.8). With min/max/first/last left
+  out of the words, it does not read builtin-pick's statements (mass 0.007 on the four values); after the
+  warm start RL rises without a plateau but slowly (demo's random 2 x 8, lr 5e-4, kl 0.1: 0.52 at step
+  20, 0.81 at 29). With them in, the base reads two of the four perfectly (1.00 on `max` and `last`), but
+  the warm start (60 steps at lr 2e-3, values independent) erases that: 0.31 before RL, 0.78 at step 30,
+  no faster. A gentler warm start (60 at 5e-4, 40 at 1e-3) keeps the reading of those two and leaves the
+  format unlearnt (mass on the values 0.14-0.26).
+- the whole loop from the first of those bases (tied, copy heads, 92 % well-formed before RL): lr 5e-4
+  with kl 0.1 got 0.00-0.38 per step over 15 steps, because the format broke: truncated episodes per 32
+  went from 5 to 29 within ~8 policy versions, their turns copy loops after the value (`"new": "new":
+  ...`, the copy heads' habit). With ``algorithm.truncated=mask``, kl 0.3, lr 4e-4: 2 of the first 32, 14-20 of each
+  32 after. This probe trains only the value token, so it cannot see that failure.
 So without copy heads the tiny model needs >= 1,300 balanced episodes (40 steps x 32) in its best seed,
 with them the rise is still seed-dependent, and the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s
 per episode the 10-minute budget is ~460.
@@ -100,6 +121,9 @@ def main() -> None:
                     help="draw each step's tasks at random, as the trainer's shuffled feeder does")
     ap.add_argument("--kl", type=float, default=0.0,
                     help="weight of a k3 KL penalty against the warm start on the sampled values (kl_coef)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
+                    "a step's samples could teach; a lower bound on the steps RL needs)")
     args = ap.parse_args()
 
     import torch
@@ -156,6 +180,9 @@ def main() -> None:
         loss = torch.zeros(())
         for i in batch:
             logp = torch.log_softmax(model(input_ids=torch.tensor([prefixes[i][0]])).logits[0, -1] * t_inv, -1)
+            if args.oracle:
+                loss = loss - args.group * logp[choices[answers[i]]]
+                continue
             picks = torch.multinomial(logp.exp().detach(), args.group, replacement=True, generator=gen)
             rewards = (picks == choices[answers[i]]).float()
             adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
