@@ -87,10 +87,10 @@ Seventh session:
   no faster. A gentler warm start (60 at 5e-4, 40 at 1e-3) keeps the reading of those two and leaves the
   format unlearnt (mass on the values 0.14-0.26).
 - the whole loop from the first of those bases (tied, copy heads, 92 % well-formed before RL): lr 5e-4
-  with kl 0.1 got 0.00-0.38 per step over 15 steps, because the format broke: truncated episodes were 5 of
-  the first 32 and 24-31 of every 32 from the fourth 32 on, their turns copy loops after the value (`"new": "new":
-  ...`, the copy heads' habit). With ``algorithm.truncated=mask``, kl 0.3, lr 4e-4: 2 of the first 32, 14-20 of each
-  32 after. This probe trains only the value token, so it cannot see that failure.
+  with kl 0.1 got 0.00-0.38 per step over 15 steps, because the format broke: truncated episodes were 5
+  of the first 32 and 24-31 of every 32 from the fourth 32 on, their turns copy loops after the value
+  (`"new": "new": ...`, the copy heads' habit). With ``algorithm.truncated=mask``, kl 0.3, lr 4e-4: 2 of
+  the first 32, 11-20 of each 32 after. This probe trains only the value token, so it cannot see that.
 So without copy heads the tiny model needs >= 1,300 balanced episodes (40 steps x 32) in its best seed,
 with them the rise is still seed-dependent, and the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s
 per episode the 10-minute budget is ~460.
