@@ -9,7 +9,8 @@ can be judged in seconds before paying for the whole loop. Nothing here is a lea
 claim must come from the demo (tests/e2e/test_learning.py).
 
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
-        [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle]
+        [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
+        [--episodes]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -91,9 +92,24 @@ Seventh session:
   of the first 32 and 24-31 of every 32 from the fourth 32 on, their turns copy loops after the value
   (`"new": "new": ...`, the copy heads' habit). With ``algorithm.truncated=mask``, kl 0.3, lr 4e-4: 2 of
   the first 32, 11-20 of each 32 after. This probe trains only the value token, so it cannot see that.
-So without copy heads the tiny model needs >= 1,300 balanced episodes (40 steps x 32) in its best seed,
-with them the rise is still seed-dependent, and the demo's unbalanced 2 x 8 batches collapse; at ~1.3 s
-per episode the 10-minute budget is ~460.
+- the value token alone does not stand for the loop. ``--format-every N`` samples 24 whole episodes through
+  the agent loop every N steps: under this probe's updates the warm start's format falls apart, because
+  nothing here trains the rest of the episode (untied, lr 2e-4, group 8: well-formed 0.12 at step 10, 0.00
+  at 20; tied with copy heads: 0.46 at 5, 0.00 at 20; lr 0: 1.00). Every rise above was measured on a
+  policy that could no longer finish an episode, which is why none of them carried over to the loop.
+- ``--episodes`` trains what the trainer trains: whole episodes sampled from the current model through the
+  agent loop (the file tool on a copy of the repository, no sandbox, no EVAL: reward 1 for a well-formed
+  edit of the named value), GRPO over every policy token (token mean), on-policy, ~5 s per step of 16
+  episodes here against ~20 s through the loop. It reproduces the loop: the untied base, the demo's random
+  2 x 8 at lr 2e-4, collapses onto one value by step 10 (rows [0.00,0.99,0.00,0.00]) while its format holds
+  (well-formed 0.88-1.00 per step, dips to 0.31-0.69 at steps 22 and 26), and with ``--kl 0.1`` as
+  well (1.00 on one value at step 10, 0.87 at 30, ~8 s per step); tied with copy heads, the warm
+  start itself is well-formed in only 0.56 of the first batch, 0.12-0.69 after.
+So: even full supervision needs 400-500 labelled samples before these bases read, and the demo's 10
+minutes hold ~460 episodes at ~1.3 s each; the value-token rises (>= 1,300 balanced episodes without copy
+heads, seed-dependent with them) were measured on a policy whose format had broken; and the demo's
+random 2 x 8 batches collapse. What the loop needs is a base that already attends to the statement and a
+format that survives the updates; judge the next try with ``--episodes`` before paying for the loop.
 """
 
 from __future__ import annotations
@@ -101,6 +117,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 def main() -> None:
@@ -121,6 +139,14 @@ def main() -> None:
                     help="draw each step's tasks at random, as the trainer's shuffled feeder does")
     ap.add_argument("--kl", type=float, default=0.0,
                     help="weight of a k3 KL penalty against the warm start on the sampled values (kl_coef)")
+    ap.add_argument("--format-every", type=int, default=0, metavar="N",
+                    help="every N steps, sample 24 whole episodes through the agent loop (spoolrl warm-start's "
+                    "measure) and print their well-formed share: this probe trains the value token alone, so "
+                    "nothing here holds the rest of the format")
+    ap.add_argument("--episodes", action="store_true",
+                    help="train whole episodes as the trainer does: sample them through the agent loop from the "
+                    "current model, reward 1 for a well-formed edit of the named value, and GRPO on every policy "
+                    "token (token mean); prints the batch's reward and well-formed share every step")
     ap.add_argument("--oracle", action="store_true",
                     help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
                     "a step's samples could teach; a lower bound on the steps RL needs)")
@@ -170,6 +196,9 @@ def main() -> None:
     reward, rows = expected()
     print(f"step 0: expected reward {reward:.3f}  {rows}", flush=True)
     t0 = time.perf_counter()
+    if args.episodes:
+        train_episodes(model, opt, template, tasks, args, expected)
+        return
     for step in range(1, args.steps + 1):
         rng = random.Random(args.seed * 100_003 + step)
         if args.random_tasks:
@@ -193,10 +222,95 @@ def main() -> None:
         (loss / (len(batch) * args.group)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if args.format_every and step % args.format_every == 0:
+            print(f"step {step}: well-formed share {well_formed(model, warm, args.temperature):.2f}", flush=True)
         if step % 5 == 0:
             reward, rows = expected()
             print(f"step {step}: expected reward {reward:.3f}  ({time.perf_counter() - t0:.0f} s, "
                   f"{step * len(batch) * args.group} samples)  {rows if step % 10 == 0 else ''}", flush=True)
+
+
+def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: argparse.Namespace,
+                   expected: Callable[[], tuple[float, str]]) -> None:
+    """GRPO on whole sampled episodes, every policy token trained (the trainer's token-mean objective)."""
+    import copy
+
+    import torch
+
+    from hpc.cli.demo_model import _LocalPolicy
+    from rollout_node.agent.loop import AgentLoop
+    from rollout_node.agent.prompts import task_messages
+    from rollout_node.tasks.builtin.pick import VALUES, answer_of
+    from rollout_node.tasks.builtin.warm import RepoFileTools, limits
+    from train_node.infer.warm import Sampler
+
+    ref = copy.deepcopy(model).eval() if args.kl else None  # the warm start, frozen (algorithm.kl_coef's reference)
+    sampler = Sampler.__new__(Sampler)
+    sampler.model, sampler.gen = model, torch.Generator().manual_seed(args.seed)
+    loop, tools = AgentLoop(template, limits(temperature=args.temperature)), RepoFileTools()
+    by_value = {v: [t for t in tasks if answer_of(t) == v] for v in VALUES}
+    t0 = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        rng = random.Random(args.seed * 100_003 + step)
+        batch = ([rng.choice(tasks) for _ in range(args.tasks_per_step)] if args.random_tasks
+                 else [rng.choice(by_value[VALUES[v % len(VALUES)]]) for v in range(args.tasks_per_step)])
+        model.eval()
+        episodes, formed, paid = [], 0, 0.0
+        for task in batch:
+            group = []
+            for _ in range(args.group):
+                tools.reset()
+                result = loop.run(task_messages(task.problem_statement), _LocalPolicy(sampler), tools)
+                ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
+                formed += ok
+                group.append((result, float(ok and tools.written == answer_of(task))))
+            rewards = torch.tensor([r for _, r in group])
+            paid += float(rewards.sum())
+            adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
+            episodes += [(res, float(a)) for (res, _), a in zip(group, adv.tolist(), strict=True)]
+        model.train()
+        opt.zero_grad()
+        n_tokens = sum(sum(res.loss_mask) for res, _ in episodes)
+        for res, a in episodes:
+            if a == 0.0 and ref is None:
+                continue
+            ids = torch.tensor([list(res.token_ids)])
+            keep = torch.tensor(list(res.loss_mask[1:]), dtype=torch.bool)
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1] / args.temperature, -1)
+            picked = logp.gather(1, ids[0, 1:, None])[:, 0][keep]
+            loss = -(a * picked.sum())
+            if ref is not None:  # k3 against the warm start on every sampled policy token, as the trainer's
+                with torch.no_grad():
+                    ref_logp = torch.log_softmax(ref(input_ids=ids).logits[0, :-1] / args.temperature, -1)
+                d = ref_logp.gather(1, ids[0, 1:, None])[:, 0][keep] - picked
+                loss = loss + args.kl * (d.exp() - d - 1).sum()
+            (loss / n_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        n = len(episodes)
+        line = (f"step {step}: batch reward {paid / n:.2f} well-formed "
+                f"{formed / n:.2f}  ({time.perf_counter() - t0:.0f} s)")
+        if step % 5 == 0:
+            reward, rows = expected()
+            line += f"  expected reward {reward:.3f}  {rows if step % 10 == 0 else ''}"
+        print(line, flush=True)
+
+
+def well_formed(model: object, warm: object, temperature: float) -> float:
+    """The share of well-formed episodes of ``model`` now (saved aside with the warm start's tokenizer)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from hpc.cli.demo_model import measure
+    from train_node.infer.warm import TOKENIZER_FILES
+
+    with tempfile.TemporaryDirectory(prefix="spoolrl-probe-") as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[attr-defined]
+        for name in TOKENIZER_FILES:
+            if (Path(str(warm)) / name).is_file():
+                shutil.copy2(Path(str(warm)) / name, Path(tmp) / name)
+        return float(measure(Path(tmp), episodes=24, temperature=temperature)["well_formed_share"])
 
 
 if __name__ == "__main__":
