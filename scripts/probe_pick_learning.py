@@ -78,15 +78,16 @@ Seventh session:
   0.26 at 320, 0.51 at 480); tied with ``--copy-init 2``: 0.27 at 320, 0.46 at 480, 0.87 at 640. An RL
   episode carries less than a label (one reward bit over a sampled value), and the demo's 10 minutes hold
   ~460 episodes, so the demo cannot rise from any of these bases, whatever the objective.
-- a base pretrained to read (a local experiment, not committed): 200 steps (130 s) of the same
-  cross-entropy on "Set `KEY` in FILE to `VALUE`." episodes in the agent's format for other keys, files and
-  phrasings, values drawn from ~1,400 single-token words (loss 8.3 -> 0.8). With min/max/first/last left
-  out of the words, it does not read builtin-pick's statements (mass 0.007 on the four values); after the
-  warm start RL rises without a plateau but slowly (demo's random 2 x 8, lr 5e-4, kl 0.1: 0.52 at step
-  20, 0.81 at 29). With them in, the base reads two of the four perfectly (1.00 on `max` and `last`), but
-  the warm start (60 steps at lr 2e-3, values independent) erases that: 0.31 before RL, 0.78 at step 30,
-  no faster. A gentler warm start (60 at 5e-4, 40 at 1e-3) keeps the reading of those two and leaves the
-  format unlearnt (mass on the values 0.14-0.26).
+- a base pretrained to read (``--tie --copy-init 2 --pretrain-read 200``, 130 s, cached): cross-entropy on
+  the value of "Set `KEY` in FILE to `VALUE`." first turns in the agent's format for other keys, files
+  and phrasings, values drawn from ~1,400 single-token words without min/max/first/last (value loss 8.3
+  -> 0.8). It does not read builtin-pick's statements itself (mass 0.007 on the four values; a first
+  local version of the experiment); after the warm start RL on the value token rises without a plateau
+  (demo's random 2 x 8, lr 5e-4, kl 0.1: 0.32 before RL, 0.64 at step 20, 0.87 at 30; the local version:
+  0.52 at 20, 0.81 at 29). With the four values among the words (local only), the base reads two of them
+  perfectly (1.00 on `max` and `last`), but the warm start (60 steps at lr 2e-3, values independent)
+  erases that: 0.31 before RL, 0.78 at step 30, no faster. A gentler warm start (60 at 5e-4, 40 at 1e-3)
+  keeps the reading of those two and leaves the format unlearnt (mass on the values 0.14-0.26).
 - the whole loop from the first of those bases (tied, copy heads, 92 % well-formed before RL): lr 5e-4
   with kl 0.1 got 0.00-0.38 per step over 15 steps, because the format broke: truncated episodes were 5
   of the first 32 and 24-31 of every 32 from the fourth 32 on, their turns copy loops after the value
@@ -104,7 +105,13 @@ Seventh session:
   2 x 8 at lr 2e-4, collapses onto one value by step 10 (rows [0.00,0.99,0.00,0.00]) while its format holds
   (well-formed 0.88-1.00 per step, dips to 0.31-0.69 at steps 22 and 26), and with ``--kl 0.1`` as
   well (1.00 on one value at step 10, 0.87 at 30, ~8 s per step); tied with copy heads, the warm
-  start itself is well-formed in only 0.56 of the first batch, 0.12-0.69 after.
+  start itself is well-formed in only 0.56 of the first batch, 0.12-0.69 after. From the base pretrained
+  to read (``--tie --copy-init 2 --pretrain-read 200``), the demo's 2 x 8 at lr 2e-4 with ``--kl 0.1``:
+  expected reward 0.32 before RL, 0.38 at step 20, 0.40 at 30, each requested value's own entry rising
+  (diagonal 0.25 / 0.45 / 0.56 / 0.36 at step 30) without a collapse, but the well-formed share swings
+  between 0.44 and 1.00 from step to step (the local version through ``--base``: 0.39 at 30; at lr 3e-4
+  0.41, well-formed 0.38-1.00): reading does start through whole episodes, far too slowly, on a fragile
+  format.
 So: even full supervision needs 400-500 labelled samples before these bases read, and the demo's 10
 minutes hold ~460 episodes at ~1.3 s each; the value-token rises (>= 1,300 balanced episodes without copy
 heads, seed-dependent with them) were measured on a policy whose format had broken; and the demo's
@@ -118,6 +125,7 @@ import argparse
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -127,6 +135,12 @@ def main() -> None:
                     help="the tied tiny model (tie_embeddings=True) instead of the untied default (the demo's base)")
     ap.add_argument("--copy-init", type=float, default=0.0,
                     help="start the first layer as copy heads, scaled by this (the tiny model's copy_init; 2.0 tried)")
+    ap.add_argument("--base", metavar="DIR", help="warm-start this HF model directory instead of a tiny model build "
+                    "(its tokenizer must encode each value as one token)")
+    ap.add_argument("--pretrain-read", type=int, default=0, metavar="STEPS",
+                    help="first pretrain the base to read (cached): cross-entropy on the value of 'Set `KEY` in "
+                    "FILE to `VALUE`.' first turns for other keys, files and single-token words, min/max/first/"
+                    "last left out (200 steps: ~130 s)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--group", type=int, default=16, help="samples per task (GRPO group)")
     ap.add_argument("--steps", type=int, default=60)
@@ -151,6 +165,9 @@ def main() -> None:
                     help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
                     "a step's samples could teach; a lower bound on the steps RL needs)")
     args = ap.parse_args()
+    if args.episodes and (args.oracle or args.format_every):
+        ap.error("--episodes trains whole episodes and prints their well-formed share every step: "
+                 "drop --oracle / --format-every")
 
     import torch
 
@@ -162,7 +179,9 @@ def main() -> None:
     from train_node.infer.warm import WarmSpec, cached_warm_start
 
     torch.manual_seed(args.seed)
-    base = cached_tiny_model(seed=args.seed, tie_embeddings=args.tie, copy_init=args.copy_init)
+    base = args.base or cached_tiny_model(seed=args.seed, tie_embeddings=args.tie, copy_init=args.copy_init)
+    if args.pretrain_read:
+        base = pretrain_to_read(Path(base), args.pretrain_read, args.seed)
     template = ChatTemplate.from_model_dir(base)
     tasks = load_tasks("builtin-pick")
     examples = [(t.token_ids, t.loss_mask) for t in transcripts(template, tasks, 256, seed=args.seed)]
@@ -296,11 +315,85 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
         print(line, flush=True)
 
 
+OPENINGS = ("{f} has the wrong {lk}\n\nThe `{k}` setting is still unset; it should be `{v}`. ",
+            "We need `{v}` for {lk}\n\nOur jobs read `{k}` and expect `{v}` there. ",
+            "Use `{v}`\n\nPlease make the {lk} option `{v}`. ",
+            "{lk} is not configured\n\nStarting fails with `unknown {lk} 'unset'`. The team agreed on `{v}`. ")
+
+
+def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
+    """``base`` after ``steps`` of reading other settings' values (cached under $SPOOLRL_CACHE/probe-bases)."""
+    import re
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from rollout_node.agent.prompts import task_messages
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.agent.toolcall import format_tool_call
+    from rollout_node.tasks.builtin.pick import VALUES
+    from train_node.infer.tiny import cache_root
+    from train_node.infer.warm import TOKENIZER_FILES, _load
+
+    out = cache_root() / "probe-bases" / f"read{steps}-{base.name}-s{seed}"
+    if (out / "config.json").is_file():
+        return out
+    tok, template = AutoTokenizer.from_pretrained(base), ChatTemplate.from_model_dir(base)
+
+    def one_token(w: str) -> bool:
+        return (len(tok.encode(f'"new": "{w}"}}')) == len(tok.encode('"new": "x"}'))
+                and len(tok.encode(f"the `{w}` of")) == len(tok.encode("the `x` of")))
+
+    words = [w for w in sorted(tok.get_vocab()) if re.fullmatch(r"[a-z]{3,9}", w) and w not in VALUES
+             and one_token(w)]
+    keys = [w.upper() for w in words if 4 <= len(w) <= 7][:300]
+    files = [f"{a}/{b}.py" for a in ("app", "core", "service", "lib", "tools", "report")
+             for b in ("config", "settings", "options", "defaults")]
+    rng = random.Random(seed)
+    items = []
+    for _ in range(2048):
+        k, v, f = rng.choice(keys), rng.choice(words), rng.choice(files)
+        statement = rng.choice(OPENINGS).format(f=f, k=k, lk=k.lower(), v=v) + f"Set `{k}` in {f} to `{v}`.\n"
+        call = format_tool_call("str_replace", {"path": f, "old": "unset", "new": v})
+        prefix = template.first_prompt(task_messages(statement)) + template.encode_content(call[: call.rindex(v)])
+        items.append((prefix, tok.encode(v)[0]))
+    torch.manual_seed(seed)
+    model = _load(base).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        batch = [items[rng.randrange(len(items))] for _ in range(16)]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        attn = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (p, _) in enumerate(batch):
+            ids[row, : len(p)], attn[row, : len(p)] = torch.tensor(p), 1
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+        last = torch.stack([hidden[row, len(p) - 1] for row, (p, _) in enumerate(batch)])
+        loss = torch.nn.functional.cross_entropy(model.lm_head(last), torch.tensor([y for _, y in batch]))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * min(1.0, (step + 1) / 10)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"pretrain {step}: value loss {float(loss):.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval().save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copy2(base / name, tmp / name)
+    tmp.rename(out)
+    return out
+
+
 def well_formed(model: object, warm: object, temperature: float) -> float:
     """The share of well-formed episodes of ``model`` now (saved aside with the warm start's tokenizer)."""
     import shutil
     import tempfile
-    from pathlib import Path
 
     from hpc.cli.demo_model import measure
     from train_node.infer.warm import TOKENIZER_FILES
