@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--copy-init", type=float, default=0.0,
                     help="start the first layer as copy heads, scaled by this (the tiny model's copy_init; 2.0 tried)")
     ap.add_argument("--base", metavar="DIR", help="warm-start this HF model directory instead of a tiny model build "
-                    "(its tokenizer must encode each value as one token)")
+                    "(its tokenizer must encode each value as one token; --tie and --copy-init then do nothing)")
     ap.add_argument("--pretrain-read", type=int, default=0, metavar="STEPS",
                     help="first pretrain the base to read (cached): cross-entropy on the value of 'Set `KEY` in "
                     "FILE to `VALUE`.' first turns for other keys, files and single-token words, min/max/first/"
@@ -152,7 +152,8 @@ def main() -> None:
     ap.add_argument("--random-tasks", action="store_true",
                     help="draw each step's tasks at random, as the trainer's shuffled feeder does")
     ap.add_argument("--kl", type=float, default=0.0,
-                    help="weight of a k3 KL penalty against the warm start on the sampled values (kl_coef)")
+                    help="weight of a k3 KL penalty against the warm start (kl_coef): on the sampled values, or "
+                    "with --episodes on every sampled policy token")
     ap.add_argument("--format-every", type=int, default=0, metavar="N",
                     help="every N steps, sample 24 whole episodes through the agent loop (spoolrl warm-start's "
                     "measure) and print their well-formed share: this probe trains the value token alone, so "
