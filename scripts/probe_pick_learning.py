@@ -10,7 +10,7 @@ claim must come from the demo (tests/e2e/test_learning.py).
 
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
         [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
-        [--episodes]
+        [--episodes [--min-entropy NATS] [--ptx COEF]] [--pretrain-read STEPS [--pretrain-call]] [--base DIR]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -112,6 +112,25 @@ Seventh session:
   between 0.44 and 1.00 from step to step (the local version through ``--base``: 0.39 at 30; at lr 3e-4
   0.41, well-formed 0.38-1.00): reading does start through whole episodes, far too slowly, on a fragile
   format.
+Eighth session (tied, ``--copy-init 2``, ``--episodes``, the demo's random batches, kl 0.1 unless named):
+- ``--min-entropy 0.3`` (the policy gradient only on tokens of entropy >= 0.3 nats at T, the "forking
+  tokens" of Wang et al. 2025; the KL on every token) from the ``--pretrain-read 200`` base, lr 5e-4:
+  the format still breaks (well-formed 0.12 at step 4, 0.00 at 10-15), 0.34 at 30.
+- ``--pretrain-read 300 --pretrain-call`` (240 s, cached; cross-entropy on the whole first turn of the
+  other settings, path and closing included, loss 7.8 -> 0.02): with ``--min-entropy 0.3`` at lr 2e-4,
+  well-formed 0.81-1.00 in every step (mostly 1.00) and expected reward 0.307 before RL, 0.36 at 20,
+  0.41 at 30; lr 6e-4 breaks the format (0.00 at steps 10-12); lr 4e-4 with kl 0.5: 0.39 at 30,
+  well-formed 0.00-1.00. Without the entropy filter, 4 x 4 batches: lr 3e-4 0.50 at 30 (well-formed
+  0.00-1.00), lr 4e-4 0.54 (0.31-1.00). The same base supervised (``--oracle``): lr 2e-4 0.95 at step 20 (320 labels),
+  lr 1e-3 0.99 at step 10 (160 labels); on the value token alone the format falls apart there too
+  (``--format-every``: 0.46-0.54 at lr 2e-4, 0.00 at 1e-3).
+- Those rises start from reading the 60-step warm start did not erase (0.307 before RL; the rows for
+  `first` and `last` differ from the rest). With ``--warm-steps 150`` the warm start is truly
+  independent (0.275, identical rows): the oracle still reads (0.85 at 160 labels, 0.99 at 240, lr 1e-3),
+  but RL, 4 x 4 at lr 3e-4, stays at 0.27-0.29 for 30 steps (well-formed 0.62-1.00); at lr 1e-3 the
+  format breaks, also with ``--ptx 1.0`` (the warm start's cross-entropy without the value token added
+  each step, InstructGPT's PPO-ptx): well-formed 0.00-0.50 at steps 2-11, 0.62-1.00 from step 15, reward
+  0.30 at 30.
 So: even full supervision needs 400-500 labelled samples before these bases read, and the demo's 10
 minutes hold ~460 episodes at ~1.3 s each; the value-token rises (>= 1,300 balanced episodes without copy
 heads, seed-dependent with them) were measured on a policy whose format had broken; and the demo's
@@ -141,6 +160,8 @@ def main() -> None:
                     help="first pretrain the base to read (cached): cross-entropy on the value of 'Set `KEY` in "
                     "FILE to `VALUE`.' first turns for other keys, files and single-token words, min/max/first/"
                     "last left out (200 steps: ~130 s)")
+    ap.add_argument("--pretrain-call", action="store_true",
+                    help="with --pretrain-read: train the whole first turn (path, old, value, closing), not the value alone")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--group", type=int, default=16, help="samples per task (GRPO group)")
     ap.add_argument("--steps", type=int, default=60)
@@ -162,10 +183,20 @@ def main() -> None:
                     help="train whole episodes as the trainer does: sample them through the agent loop from the "
                     "current model, reward 1 for a well-formed edit of the named value, and GRPO on every policy "
                     "token (token mean); prints the batch's reward and well-formed share every step")
+    ap.add_argument("--min-entropy", type=float, default=0.0, metavar="NATS",
+                    help="with --episodes: the policy-gradient term only on tokens whose entropy at T is at least "
+                    "this (the 'forking tokens' of Wang et al. 2025; no trainer knob yet); the KL term stays on every token")
+    ap.add_argument("--ptx", type=float, default=0.0, metavar="COEF",
+                    help="with --episodes: add COEF x the warm start's cross-entropy on 16 of its transcripts per step, "
+                    "the value token left out (format only; InstructGPT's PPO-ptx with the warm-start data)")
     ap.add_argument("--oracle", action="store_true",
                     help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
                     "a step's samples could teach; a lower bound on the steps RL needs)")
     args = ap.parse_args()
+    if (args.min_entropy or args.ptx) and not args.episodes:
+        ap.error("--min-entropy and --ptx shape the --episodes objective: add --episodes")
+    if args.pretrain_call and not args.pretrain_read:
+        ap.error("--pretrain-call chooses what --pretrain-read trains: add --pretrain-read STEPS")
     if args.episodes and (args.oracle or args.format_every):
         ap.error("--episodes trains whole episodes and prints their well-formed share every step: "
                  "drop --oracle / --format-every")
@@ -182,7 +213,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     base = args.base or cached_tiny_model(seed=args.seed, tie_embeddings=args.tie, copy_init=args.copy_init)
     if args.pretrain_read:
-        base = pretrain_to_read(Path(base), args.pretrain_read, args.seed)
+        base = pretrain_to_read(Path(base), args.pretrain_read, args.seed, args.pretrain_call)
     template = ChatTemplate.from_model_dir(base)
     tasks = load_tasks("builtin-pick")
     examples = [(t.token_ids, t.loss_mask) for t in transcripts(template, tasks, 256, seed=args.seed)]
@@ -217,7 +248,7 @@ def main() -> None:
     print(f"step 0: expected reward {reward:.3f}  {rows}", flush=True)
     t0 = time.perf_counter()
     if args.episodes:
-        train_episodes(model, opt, template, tasks, args, expected)
+        train_episodes(model, opt, template, tasks, args, expected, examples, set(choices))
         return
     for step in range(1, args.steps + 1):
         rng = random.Random(args.seed * 100_003 + step)
@@ -251,7 +282,7 @@ def main() -> None:
 
 
 def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: argparse.Namespace,
-                   expected: Callable[[], tuple[float, str]]) -> None:
+                   expected: Callable[[], tuple[float, str]], examples: list[Any], value_ids: set[int]) -> None:
     """GRPO on whole sampled episodes, every policy token trained (the trainer's token-mean objective)."""
     import copy
 
@@ -298,13 +329,24 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
             keep = torch.tensor(list(res.loss_mask[1:]), dtype=torch.bool)
             logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1] / args.temperature, -1)
             picked = logp.gather(1, ids[0, 1:, None])[:, 0][keep]
-            loss = -(a * picked.sum())
+            forking = -(logp.detach().exp() * logp.detach()).sum(-1)[keep] >= args.min_entropy
+            loss = -(a * (picked * forking).sum())
             if ref is not None:  # k3 against the warm start on every sampled policy token, as the trainer's
                 with torch.no_grad():
                     ref_logp = torch.log_softmax(ref(input_ids=ids).logits[0, :-1] / args.temperature, -1)
                 d = ref_logp.gather(1, ids[0, 1:, None])[:, 0][keep] - picked
                 loss = loss + args.kl * (d.exp() - d - 1).sum()
             (loss / n_tokens).backward()
+        if args.ptx:  # format only: every policy token of warm-start transcripts but the value
+            ptx_rng = random.Random(step)
+            for ids_, mask_ in (examples[ptx_rng.randrange(len(examples))] for _ in range(16)):
+                m = list(mask_)
+                m[next(i for i, (t, k) in enumerate(zip(ids_, m, strict=True)) if k and t in value_ids)] = 0
+                ids = torch.tensor([list(ids_)])
+                keep = torch.tensor(m[1:], dtype=torch.bool)
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1] / args.temperature, -1)
+                ce = -logp.gather(1, ids[0, 1:, None])[:, 0][keep].mean()
+                (args.ptx * ce / 16).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         n = len(episodes)
@@ -322,7 +364,7 @@ OPENINGS = ("{f} has the wrong {lk}\n\nThe `{k}` setting is still unset; it shou
             "{lk} is not configured\n\nStarting fails with `unknown {lk} 'unset'`. The team agreed on `{v}`. ")
 
 
-def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
+def pretrain_to_read(base: Path, steps: int, seed: int, whole_call: bool = False) -> Path:
     """``base`` after ``steps`` of reading other settings' values (cached under $SPOOLRL_CACHE/probe-bases)."""
     import re
     import shutil
@@ -337,7 +379,7 @@ def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
     from train_node.infer.tiny import cache_root
     from train_node.infer.warm import TOKENIZER_FILES, _load
 
-    out = cache_root() / "probe-bases" / f"read{steps}-{base.name}-s{seed}"
+    out = cache_root() / "probe-bases" / f"read{steps}{'call' if whole_call else ''}-{base.name}-s{seed}"
     if (out / "config.json").is_file():
         return out
     tok, template = AutoTokenizer.from_pretrained(base), ChatTemplate.from_model_dir(base)
@@ -357,8 +399,13 @@ def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
         k, v, f = rng.choice(keys), rng.choice(words), rng.choice(files)
         statement = rng.choice(OPENINGS).format(f=f, k=k, lk=k.lower(), v=v) + f"Set `{k}` in {f} to `{v}`.\n"
         call = format_tool_call("str_replace", {"path": f, "old": "unset", "new": v})
-        prefix = template.first_prompt(task_messages(statement)) + template.encode_content(call[: call.rindex(v)])
-        items.append((prefix, tok.encode(v)[0]))
+        prompt = template.first_prompt(task_messages(statement))
+        if whole_call:  # the whole first turn (path, old, value, closing) after the prompt
+            turn = [*template.encode_content(call), template.im_end]
+            items.append((prompt + turn, len(prompt)))
+        else:
+            prefix = prompt + template.encode_content(call[: call.rindex(v)])
+            items.append((prefix + [tok.encode(v)[0]], len(prefix)))
     torch.manual_seed(seed)
     model = _load(base).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -368,11 +415,12 @@ def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
         width = max(len(p) for p, _ in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         attn = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, (p, _) in enumerate(batch):
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        for row, (p, start) in enumerate(batch):
             ids[row, : len(p)], attn[row, : len(p)] = torch.tensor(p), 1
-        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
-        last = torch.stack([hidden[row, len(p) - 1] for row, (p, _) in enumerate(batch)])
-        loss = torch.nn.functional.cross_entropy(model.lm_head(last), torch.tensor([y for _, y in batch]))
+            labels[row, start - 1: len(p) - 1] = torch.tensor(p[start:])
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -380,7 +428,7 @@ def pretrain_to_read(base: Path, steps: int, seed: int) -> Path:
             group["lr"] = 1e-3 * min(1.0, (step + 1) / 10)
         opt.step()
         if step % 50 == 0 or step == steps - 1:
-            print(f"pretrain {step}: value loss {float(loss):.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"pretrain {step}: loss {float(loss):.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp, safe_serialization=True)
