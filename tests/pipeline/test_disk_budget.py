@@ -36,10 +36,10 @@ from rollout_node.pipeline.sizing import Workers
 from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
 from tests.pipeline.readback import written
+from tests.unprivileged import CI_USER, interpreter_traversable
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-CI_USER = "spoolrl-ci"
 CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
           "spool.poll_interval_s=0.2", "spool.heartbeat_interval_s=1", "spool.shard_max_age_s=1",
           "rollout.policy=scripted", "rollout.scripted_plan=empty", "rollout.scratch_per_episode_gb=0.05",
@@ -108,6 +108,7 @@ print(json.dumps({"after": sorted(os.listdir(base))}))
 def _as_unprivileged(argv: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return argv
+    interpreter_traversable()  # the venv's Python may live under a 0700 /root (pyenv)
     runuser = shutil.which("runuser") or "/usr/sbin/runuser"
     return [runuser, "-u", CI_USER, "--", "env", f"PYTHONPATH={REPO}", *argv]
 

@@ -5,30 +5,20 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sbx_helpers import CI_USER, HERE, PYTHON, need_image
+from sbx_helpers import HERE, PYTHON, need_image
+
+from tests.unprivileged import CI_USER, make_traversable
 
 
 @pytest.fixture(scope="session")
 def test_image() -> str:
     return need_image()
-
-
-def _make_traversable(path: Path) -> list[str]:
-    """Give 'others' search (x) permission on the ancestors of ``path`` that lack it."""
-    changed = []
-    for parent in reversed(path.parents):
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
-            changed.append(str(parent))
-    return changed
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +34,7 @@ def as_user() -> Callable[..., subprocess.CompletedProcess[str]]:
     except KeyError:
         subprocess.run(["useradd", "-m", CI_USER], check=True)
     # the venv's interpreter may live under /root (pyenv): the CI user needs to traverse to it
-    changed = _make_traversable(Path(os.path.realpath(PYTHON)))
+    changed = make_traversable(Path(os.path.realpath(PYTHON)))
     if changed:
         print(f"[sandbox tests] gave o+x to {changed} so {CI_USER} can run {PYTHON}", file=sys.stderr)
     home = pwd.getpwnam(CI_USER).pw_dir

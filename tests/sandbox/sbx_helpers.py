@@ -17,7 +17,6 @@ import pytest
 from rollout_node.sandbox import default_image
 from rollout_node.sandbox.runtimes import apptainer_unavailable_reason, find_apptainer, find_bwrap
 
-CI_USER = "spoolrl-ci"
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 

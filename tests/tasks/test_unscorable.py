@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -18,9 +17,9 @@ import pytest
 from hpc.errors import SpoolrlError
 from rollout_node.tasks import ensure_builtin_repos, find_mirror, load_tasks, prepare_workdir
 from rollout_node.tasks.repos import UnscorableTree, collect_diff, run_git
+from tests.unprivileged import CI_USER, interpreter_traversable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CI_USER = "spoolrl-ci"
 UNREADABLE = """
 import os, sys, tempfile
 from pathlib import Path
@@ -79,21 +78,13 @@ def test_a_broken_mirror_stays_infrastructure(tree: tuple[Path, Path]) -> None:
     assert not isinstance(caught.value, UnscorableTree), caught.value
 
 
-def _traversable(path: Path) -> None:
-    """Give others search permission on the ancestors of ``path`` (as tests/sandbox does for the CI user)."""
-    for parent in reversed(path.parents):
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
-
-
 def test_unreadable_tracked_file_is_unscorable_for_an_unprivileged_node() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT),
            "TMPDIR": "/tmp"}
     argv = [sys.executable, "-c", UNREADABLE]
     if os.geteuid() == 0:
         pwd.getpwnam(CI_USER)  # KeyError: scripts/test.sh creates the CI user
-        _traversable(Path(os.path.realpath(sys.executable)))
+        interpreter_traversable()
         home = pwd.getpwnam(CI_USER).pw_dir
         argv = ["runuser", "-u", CI_USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
                 f"HOME={home}", *argv]
