@@ -127,7 +127,9 @@ Eighth session (tied, ``--copy-init 2``, ``--episodes``, the demo's random batch
 - Those rises start from reading the 60-step warm start did not erase (0.307 before RL; the rows for
   `first` and `last` differ from the rest). With ``--warm-steps 150`` the warm start is truly
   independent (0.275, identical rows): the oracle still reads (0.85 at 160 labels, 0.99 at 240, lr 1e-3),
-  but RL, 4 x 4 at lr 3e-4, stays at 0.27-0.29 for 30 steps (well-formed 0.62-1.00); at lr 1e-3 the
+  but RL, 4 x 4 at lr 3e-4, stays at 0.27-0.29 for 30 steps (well-formed 0.62-1.00); with one task per
+  value in every step (no common-mode drift) 0.31 at 20, 0.36 at 40 (640 episodes; well-formed 0.81-1.00
+  but 0.00 at step 31); at lr 1e-3 the
   format breaks, also with ``--ptx 1.0`` (the warm start's cross-entropy without the value token added
   each step, InstructGPT's PPO-ptx): well-formed 0.00-0.50 at steps 2-11, 0.62-1.00 from step 15, reward
   0.30 at 30.
