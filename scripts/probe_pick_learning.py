@@ -129,10 +129,9 @@ Eighth session (tied, ``--copy-init 2``, ``--episodes``, the demo's random batch
   independent (0.275, identical rows): the oracle still reads (0.85 at 160 labels, 0.99 at 240, lr 1e-3),
   but RL, 4 x 4 at lr 3e-4, stays at 0.27-0.29 for 30 steps (well-formed 0.62-1.00); with one task per
   value in every step (no common-mode drift) 0.31 at 20, 0.36 at 40 (640 episodes; well-formed 0.81-1.00
-  but 0.00 at step 31); at lr 1e-3 the
-  format breaks, also with ``--ptx 1.0`` (the warm start's cross-entropy without the value token added
-  each step, InstructGPT's PPO-ptx): well-formed 0.00-0.50 at steps 2-11, 0.62-1.00 from step 15, reward
-  0.30 at 30.
+  but 0.00 at step 31); at lr 1e-3 the format breaks, also with ``--ptx 1.0`` (the warm start's
+  cross-entropy without the value token added each step, InstructGPT's PPO-ptx): well-formed 0.00-0.50
+  at steps 2-11, 0.62-1.00 from step 15, reward 0.30 at 30.
 So: even full supervision needs 400-500 labelled samples before these bases read, and the demo's 10
 minutes hold ~460 episodes at ~1.3 s each; the value-token rises (>= 1,300 balanced episodes without copy
 heads, seed-dependent with them) were measured on a policy whose format had broken; and the demo's
