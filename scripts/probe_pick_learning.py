@@ -301,6 +301,17 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
     sampler.model, sampler.gen = model, torch.Generator().manual_seed(args.seed)
     loop, tools = AgentLoop(template, limits(temperature=args.temperature)), RepoFileTools()
     by_value = {v: [t for t in tasks if answer_of(t) == v] for v in VALUES}
+
+    def sampled_logps(net: Any, ids: Any, keep: Any) -> tuple[Any, Any]:
+        """(log softmax(logits / T) at every position, the next tokens' logprobs where ``keep``)."""
+        logp = torch.log_softmax(net(input_ids=ids).logits[0, :-1] / args.temperature, -1)
+        return logp, logp.gather(1, ids[0, 1:, None])[:, 0][keep]
+
+    ptx = []  # the warm start's transcripts as (ids, policy tokens but the value), built once
+    for ids_, mask_ in examples if args.ptx else ():
+        m = list(mask_)
+        m[next(i for i, (t, k) in enumerate(zip(ids_, m, strict=True)) if k and t in value_ids)] = 0
+        ptx.append((torch.tensor([list(ids_)]), torch.tensor(m[1:], dtype=torch.bool)))
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         rng = random.Random(args.seed * 100_003 + step)
@@ -328,26 +339,23 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
                 continue
             ids = torch.tensor([list(res.token_ids)])
             keep = torch.tensor(list(res.loss_mask[1:]), dtype=torch.bool)
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1] / args.temperature, -1)
-            picked = logp.gather(1, ids[0, 1:, None])[:, 0][keep]
-            forking = -(logp.detach().exp() * logp.detach()).sum(-1)[keep] >= args.min_entropy
-            loss = -(a * (picked * forking).sum())
+            logp, picked = sampled_logps(model, ids, keep)
+            if args.min_entropy:  # the policy gradient on forking tokens only
+                forking = -(logp.detach().exp() * logp.detach()).sum(-1)[keep] >= args.min_entropy
+                picked_pg = picked * forking
+            else:
+                picked_pg = picked
+            loss = -(a * picked_pg.sum())
             if ref is not None:  # k3 against the warm start on every sampled policy token, as the trainer's
                 with torch.no_grad():
-                    ref_logp = torch.log_softmax(ref(input_ids=ids).logits[0, :-1] / args.temperature, -1)
-                d = ref_logp.gather(1, ids[0, 1:, None])[:, 0][keep] - picked
+                    ref_picked = sampled_logps(ref, ids, keep)[1]
+                d = ref_picked - picked
                 loss = loss + args.kl * (d.exp() - d - 1).sum()
             (loss / n_tokens).backward()
         if args.ptx:  # format only: every policy token of warm-start transcripts but the value
             ptx_rng = random.Random(step)
-            for ids_, mask_ in (examples[ptx_rng.randrange(len(examples))] for _ in range(16)):
-                m = list(mask_)
-                m[next(i for i, (t, k) in enumerate(zip(ids_, m, strict=True)) if k and t in value_ids)] = 0
-                ids = torch.tensor([list(ids_)])
-                keep = torch.tensor(m[1:], dtype=torch.bool)
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1] / args.temperature, -1)
-                ce = -logp.gather(1, ids[0, 1:, None])[:, 0][keep].mean()
-                (args.ptx * ce / 16).backward()
+            for ids, keep in (ptx[ptx_rng.randrange(len(ptx))] for _ in range(16)):
+                (args.ptx * -sampled_logps(model, ids, keep)[1].mean() / 16).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         n = len(episodes)
@@ -420,8 +428,9 @@ def pretrain_to_read(base: Path, steps: int, seed: int, whole_call: bool = False
         for row, (p, start) in enumerate(batch):
             ids[row, : len(p)], attn[row, : len(p)] = torch.tensor(p), 1
             labels[row, start - 1: len(p) - 1] = torch.tensor(p[start:])
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+        labelled = labels != -100
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[labelled]), labels[labelled])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
