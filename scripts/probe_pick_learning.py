@@ -11,6 +11,7 @@ claim must come from the demo (tests/e2e/test_learning.py).
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
         [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
         [--episodes [--min-entropy NATS] [--ptx COEF]] [--pretrain-read STEPS [--pretrain-call]] [--base DIR]
+        [--repeat N] [--short-system] [--betas B1,B2] [--sgd]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -137,6 +138,32 @@ minutes hold ~460 episodes at ~1.3 s each; the value-token rises (>= 1,300 balan
 heads, seed-dependent with them) were measured on a policy whose format had broken; and the demo's
 random 2 x 8 batches collapse. What the loop needs is a base that already attends to the statement and a
 format that survives the updates; judge the next try with ``--episodes`` before paying for the loop.
+Ninth session (the demo's untied base and 60-step warm start, ``--oracle --random-tasks --group 1``, lr 1e-3
+unless named; "reads" = expected reward >= 0.75):
+- the plateau is not the warm start's doing: the raw base (``--warm-steps 1``) with 16 labels per step
+  reads only at step 30 (0.78, 480 labels), like the warm-started one.
+- it is not counted in labels: 4 labels per step read at step 50 (0.75, 200 labels), 16 per step at 35-40
+  (560-640), 1 per step not by step 80; one task per value in every step (4 per step) 0.50 at 30, 0.44 at 40.
+  Until the rise the rows stay identical and the whole mass swings from value to value (0.98 on one
+  value, then on another): the statement-independent part of the value logits takes nearly all of
+  every update. AdamW betas 0.5,0.9 read sooner (1.00 at step 40, 4 per step); lr 5e-3 does not (0.26 at
+  40); SGD with momentum (lr 0.3, 1, 3) only swings the common mode (0.25 at 40).
+- what shortens it is how much of the prompt names the value: ``--repeat 12`` alone (16 per step, lr 2e-4)
+  changes nothing (0.30 at 30, 0.94 at 40); ``--short-system`` (a one-line system prompt, ~110 prompt
+  tokens instead of 397) reads at step 30 (0.77, 4 per step); both together (``--short-system --repeat 8``,
+  about 11 of ~150 prompt tokens name the value) 0.56 at step 10 (40 labels), 0.99 at 25 (100 labels):
+  four to five times fewer labels than any base before.
+- RL on whole episodes from that prompt (``--short-system --repeat 8 --episodes``, the demo's random 2 x 8,
+  lr 2e-4, kl 0.1; ~9 s per step here): still the common-mode collapse (0.96-0.97 on one value for every
+  statement at step 10, 0.87-0.98 on another at 30), the first reading only at 40 (0.33; rows differ);
+  well-formed mostly 0.88-1.00 with dips to 0.06-0.56 (steps 28-30). AdamW betas 0.5,0.9 with the
+  agent's prompt, lr 3e-4, kl 0.1: the format breaks at step 7 (well-formed 0.00 for steps 7-23) after
+  a collapse. Not measured for lack of time: balanced 4 x 4 from the short prompt (the next run to make).
+So the signal-to-noise of a step at the value token is the bottleneck: the value is ~1 % of the prompt
+and the common mode of the value logits moves more than its reading. Next: make the demo's prompt short and
+its statement name the value many times (a system prompt knob for the family, the statement in pick.py),
+then fight the common-mode drift in RL (balanced or larger batches; a KL or entropy floor on the value
+distribution) and judge with ``--episodes`` before the loop.
 """
 
 from __future__ import annotations
@@ -147,6 +174,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+SHORT_SYSTEM = ("You are a software engineer. Fix the repository at /work with one tool call per turn, as JSON "
+                "inside <tool_call> tags, then submit.")
 
 
 def main() -> None:
@@ -193,17 +223,34 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true",
                     help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
                     "a step's samples could teach; a lower bound on the steps RL needs)")
+    ap.add_argument("--repeat", type=int, default=0, metavar="N",
+                    help="append 'It must be `VALUE`.' N times to every statement (the warm start's transcripts "
+                    "too): more of the prompt names the value")
+    ap.add_argument("--short-system", action="store_true",
+                    help=f"the one-line system prompt {SHORT_SYSTEM!r} instead of the agent's (397 -> ~110 prompt "
+                    "tokens), in the warm start's transcripts too")
+    ap.add_argument("--betas", default="0.9,0.999", metavar="B1,B2", help="AdamW betas")
+    ap.add_argument("--sgd", action="store_true", help="SGD with momentum 0.9 instead of AdamW (--lr is its step size)")
     args = ap.parse_args()
     if (args.min_entropy or args.ptx) and not args.episodes:
         ap.error("--min-entropy and --ptx shape the --episodes objective: add --episodes")
     if args.pretrain_call and not args.pretrain_read:
         ap.error("--pretrain-call chooses what --pretrain-read trains: add --pretrain-read STEPS")
+    try:
+        betas = tuple(float(b) for b in args.betas.split(","))
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--betas {args.betas!r}: give two numbers in [0, 1) separated by a comma, e.g. 0.9,0.999")
     if args.episodes and (args.oracle or args.format_every):
         ap.error("--episodes trains whole episodes and prints their well-formed share every step: "
                  "drop --oracle / --format-every")
 
+    import dataclasses
+
     import torch
 
+    from rollout_node.agent.prompts import task_messages
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
@@ -217,6 +264,11 @@ def main() -> None:
         base = pretrain_to_read(Path(base), args.pretrain_read, args.seed, args.pretrain_call)
     template = ChatTemplate.from_model_dir(base)
     tasks = load_tasks("builtin-pick")
+    if args.repeat:
+        tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
+                                     + f" It must be `{answer_of(t)}`." * args.repeat + "\n") for t in tasks]
+    if args.short_system:  # every caller (warm-start transcripts, value prefixes, episodes) takes the default
+        task_messages.__kwdefaults__["system"] = SHORT_SYSTEM
     examples = [(t.token_ids, t.loss_mask) for t in transcripts(template, tasks, 256, seed=args.seed)]
     warm = cached_warm_start(base, examples, WarmSpec(seed=args.seed, steps=args.warm_steps))
     from transformers import AutoModelForCausalLM
@@ -226,7 +278,8 @@ def main() -> None:
     choices = prefixes[0][1]
     answers = [VALUES.index(answer_of(t)) for t in tasks]
     by_value = {v: [i for i, a in enumerate(answers) if a == v] for v in range(len(VALUES))}
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if args.sgd else
+           torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=betas))
     gen = torch.Generator().manual_seed(args.seed)
     t_inv = 1.0 / args.temperature
     ref_logps = None  # the warm start's logprobs at each fixed prefix: computed once, it does not train
