@@ -11,7 +11,7 @@ claim must come from the demo (tests/e2e/test_learning.py).
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
         [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
         [--episodes [--min-entropy NATS] [--ptx COEF]] [--pretrain-read STEPS [--pretrain-call]] [--base DIR]
-        [--repeat N] [--short-system] [--betas B1,B2] [--sgd]
+        [--repeat N] [--short-system] [--betas B1,B2] [--sgd] [--kl-full {off,reverse,forward}] [--balanced-warm]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -152,7 +152,7 @@ unless named; "reads" = expected reward >= 0.75):
   changes nothing (0.30 at 30, 0.94 at 40); ``--short-system`` (a one-line system prompt, ~110 prompt
   tokens instead of 397) reads at step 30 (0.77, 4 per step); both together (``--short-system --repeat 8``,
   about 11 of ~150 prompt tokens name the value) 0.56 at step 10 (40 labels), 0.99 at 25 (100 labels):
-  four to five times fewer labels than any base before.
+  four to six times fewer labels than any base before.
 - RL on whole episodes from that prompt (``--short-system --repeat 8 --episodes``, the demo's random 2 x 8,
   lr 2e-4, kl 0.1; ~9 s per step here): still the common-mode collapse (0.96-0.97 on one value for every
   statement at step 10, 0.87-0.98 on another at 30), the first reading only at 40 (0.33; rows differ);
@@ -164,6 +164,26 @@ and the common mode of the value logits moves more than its reading. Next: make 
 its statement name the value many times (a system prompt knob for the family, the statement in pick.py),
 then fight the common-mode drift in RL (balanced or larger batches; a KL or entropy floor on the value
 distribution) and judge with ``--episodes`` before the loop.
+Tenth session (``--short-system --repeat 8 --episodes``, one task per value, 4 x 4 episodes a step, lr 3e-4,
+T = 0.7; ~4 s per step here; "rows" as printed):
+- with k3 kl 0.1: the two values the warm start favoured (0.36 and 0.37 against 0.16 and 0.10) take all
+  the mass by step 10 and the other two never come back (P = 0.00 to step 40); the reading of the
+  survivors grows (0.53 at 40). The exact reverse KL over the vocabulary (``--kl-full reverse``) changes
+  nothing there: its pull on a value vanishes with the value's probability (0.74 at 40, one value dead).
+  kl 0.3 at lr 5e-4 (reverse) and AdamW betas 0.5,0.9 collapse onto one value (0.25 at 40).
+- a value-balanced warm start (``--balanced-warm``: each statement written with every value, a batch
+  taking whole sets) starts exactly uniform (rows 0.22-0.28 instead of 0.10-0.37), but with the reverse
+  KL collapses onto one value by step 10 all the same: a collapsed policy gets equal rewards in every
+  group, so nothing trains it any more (an absorbing state).
+- the forward KL (``--kl-full forward``, KL(warm start || policy): a gradient ``pi - pi_ref`` that does not
+  vanish on an abandoned value) keeps every value alive: kl 0.1, balanced warm start: 0.41 at 20, 0.74
+  at 30 (every row's diagonal 0.32-0.89), 0.67 at 40 (one value lost again); kl 0.2: the format broke
+  at step 10 (well-formed 0.06) and came back, 0.50 at 30, 0.62 at 40 with all four values alive and
+  every diagonal 0.46-0.73, well-formed 0.94-1.00 from step 30.
+So the forward KL against a uniform warm start is the first regulariser that holds all K values, and the
+short prompt the first that reads from RL at all; but 640 episodes (the demo's 10 minutes hold
+~460-800) still end near 0.6-0.7, not 0.8. The trainer has only k3 (``algorithm.kl_coef``); a full-vocabulary
+forward KL there needs the reference's whole distribution per token (a chunked head for both models).
 """
 
 from __future__ import annotations
@@ -206,6 +226,14 @@ def main() -> None:
     ap.add_argument("--kl", type=float, default=0.0,
                     help="weight of a k3 KL penalty against the warm start (kl_coef): on the sampled values, or "
                     "with --episodes on every sampled policy token")
+    ap.add_argument("--kl-full", choices=("off", "reverse", "forward"), default="off",
+                    help="with --episodes and --kl: the exact KL over the whole vocabulary at every policy position "
+                    "instead of k3 on the sampled token: 'reverse' KL(policy || warm start), whose pull on a value "
+                    "the policy gave up vanishes with its probability, or 'forward' KL(warm start || policy), "
+                    "which pulls it back (mass-covering)")
+    ap.add_argument("--balanced-warm", action="store_true",
+                    help="warm-start on statements each written with every value, a batch taking whole sets "
+                    "(transcripts(balanced=True), WarmSpec.group=K): the values start exactly uniform")
     ap.add_argument("--format-every", type=int, default=0, metavar="N",
                     help="every N steps, sample 24 whole episodes through the agent loop (spoolrl warm-start's "
                     "measure) and print their well-formed share: this probe trains the value token alone, so "
@@ -229,8 +257,11 @@ def main() -> None:
     ap.add_argument("--short-system", action="store_true",
                     help=f"the one-line system prompt {SHORT_SYSTEM!r} instead of the agent's (397 -> ~110 prompt "
                     "tokens), in the warm start's transcripts too")
-    ap.add_argument("--betas", default="0.9,0.999", metavar="B1,B2", help="AdamW betas")
-    ap.add_argument("--sgd", action="store_true", help="SGD with momentum 0.9 instead of AdamW (--lr is its step size)")
+    ap.add_argument("--betas", default="0.9,0.999", metavar="B1,B2",
+                    help="AdamW betas of the RL (or --oracle) steps; --pretrain-read keeps its own optimizer")
+    ap.add_argument("--sgd", action="store_true",
+                    help="SGD with momentum 0.9 instead of AdamW for the RL (or --oracle) steps (--lr is its step "
+                    "size); --pretrain-read keeps its own optimizer")
     args = ap.parse_args()
     if (args.min_entropy or args.ptx) and not args.episodes:
         ap.error("--min-entropy and --ptx shape the --episodes objective: add --episodes")
@@ -242,6 +273,11 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--betas {args.betas!r}: give two numbers in [0, 1) separated by a comma, e.g. 0.9,0.999")
+    if args.format_every and (args.short_system or args.repeat or args.balanced_warm):
+        ap.error("--format-every samples episodes of the packaged statements with the agent's system prompt "
+                 "(spoolrl warm-start's measure): drop --short-system / --repeat / --balanced-warm, or use --episodes")
+    if args.kl_full != "off" and not (args.episodes and args.kl):
+        ap.error("--kl-full changes how --episodes computes the --kl term: add --episodes and --kl COEF")
     if args.episodes and (args.oracle or args.format_every):
         ap.error("--episodes trains whole episodes and prints their well-formed share every step: "
                  "drop --oracle / --format-every")
@@ -250,7 +286,7 @@ def main() -> None:
 
     import torch
 
-    from rollout_node.agent.prompts import task_messages
+    from rollout_node.agent.prompts import SYSTEM_PROMPT
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
@@ -267,14 +303,16 @@ def main() -> None:
     if args.repeat:
         tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
                                      + f" It must be `{answer_of(t)}`." * args.repeat + "\n") for t in tasks]
-    if args.short_system:  # every caller (warm-start transcripts, value prefixes, episodes) takes the default
-        task_messages.__kwdefaults__["system"] = SHORT_SYSTEM
-    examples = [(t.token_ids, t.loss_mask) for t in transcripts(template, tasks, 256, seed=args.seed)]
-    warm = cached_warm_start(base, examples, WarmSpec(seed=args.seed, steps=args.warm_steps))
+    system = SHORT_SYSTEM if args.short_system else SYSTEM_PROMPT  # transcripts, value prefixes, episodes
+    examples = [(t.token_ids, t.loss_mask)
+                for t in transcripts(template, tasks, 256, seed=args.seed, balanced=args.balanced_warm,
+                                       system=system)]
+    warm = cached_warm_start(base, examples, WarmSpec(seed=args.seed, steps=args.warm_steps,
+                                                      group=len(VALUES) if args.balanced_warm else 1))
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(warm), dtype=torch.float32)
-    prefixes = [value_prefix(template, t) for t in tasks]
+    prefixes = [value_prefix(template, t, system=system) for t in tasks]
     choices = prefixes[0][1]
     answers = [VALUES.index(answer_of(t)) for t in tasks]
     by_value = {v: [i for i, a in enumerate(answers) if a == v] for v in range(len(VALUES))}
@@ -302,7 +340,7 @@ def main() -> None:
     print(f"step 0: expected reward {reward:.3f}  {rows}", flush=True)
     t0 = time.perf_counter()
     if args.episodes:
-        train_episodes(model, opt, template, tasks, args, expected, examples, set(choices))
+        train_episodes(model, opt, template, tasks, args, expected, examples, set(choices), system)
         return
     for step in range(1, args.steps + 1):
         rng = random.Random(args.seed * 100_003 + step)
@@ -336,7 +374,8 @@ def main() -> None:
 
 
 def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: argparse.Namespace,
-                   expected: Callable[[], tuple[float, str]], examples: list[Any], value_ids: set[int]) -> None:
+                   expected: Callable[[], tuple[float, str]], examples: list[Any], value_ids: set[int],
+                   system: str) -> None:
     """GRPO on whole sampled episodes, every policy token trained (the trainer's token-mean objective)."""
     import copy
 
@@ -376,7 +415,8 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
             group = []
             for _ in range(args.group):
                 tools.reset()
-                result = loop.run(task_messages(task.problem_statement), _LocalPolicy(sampler), tools)
+                result = loop.run(task_messages(task.problem_statement, system=system), _LocalPolicy(sampler),
+                                  tools)
                 ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
                 formed += ok
                 group.append((result, float(ok and tools.written == answer_of(task))))
@@ -399,7 +439,15 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
             else:
                 picked_pg = picked
             loss = -(a * picked_pg.sum())
-            if ref is not None:  # k3 against the warm start on every sampled policy token, as the trainer's
+            if ref is not None and args.kl_full != "off":  # exact KL over the vocabulary
+                with torch.no_grad():
+                    ref_logp = sampled_logps(ref, ids, keep)[0][keep]
+                mine = logp[keep]
+                if args.kl_full == "reverse":  # KL(policy || warm start): no pull on what the policy abandoned
+                    loss = loss + args.kl * (mine.exp() * (mine - ref_logp)).sum()
+                else:  # KL(warm start || policy): pulls mass back onto every token the warm start gives any
+                    loss = loss + args.kl * (ref_logp.exp() * (ref_logp - mine)).sum()
+            elif ref is not None:  # k3 against the warm start on every sampled policy token, as the trainer's
                 with torch.no_grad():
                     ref_picked = sampled_logps(ref, ids, keep)[1]
                 d = ref_picked - picked

@@ -117,3 +117,28 @@ def test_copy_init_starts_the_first_layer_as_copy_heads(tmp_path: Path) -> None:
             assert float(eig[:-hd].abs().max()) < 1e-4
         random_eig = torch.linalg.eigvals(circuit(1, 0)).abs()
         assert float(random_eig.max()) < 0.1, random_eig.max()  # layer 1: the random init's small circuit
+
+
+def test_warm_fit_takes_whole_sets_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WarmSpec.group``: every mini-batch is made of whole consecutive sets of ``group`` examples."""
+    from train_node.infer import warm
+
+    base = build_tiny_model(tmp_path / "tiny", seed=0)
+    # 6 sets of 4; each example's first ID names its set, the second its place in the set.
+    examples = [([1 + s, 10 + j, 20, 21, 22], [0, 0, 1, 1, 1]) for s in range(6) for j in range(4)]
+    batches: list[list[tuple[int, int]]] = []
+    real_batch = warm._batch
+
+    def recording(chosen: Any, pad: int) -> Any:
+        batches.append([(ids[0], ids[1]) for ids, _ in chosen])
+        return real_batch(chosen, pad)
+
+    monkeypatch.setattr(warm, "_batch", recording)
+    stats = warm.fit(base, tmp_path / "out", examples, warm.WarmSpec(steps=5, batch_size=8, group=4))
+    assert stats["examples"] == 24 and len(batches) == 5
+    for batch in batches:
+        for i in range(0, 8, 4):
+            assert [b[0] for b in batch[i:i + 4]] == [batch[i][0]] * 4 and [b[1] for b in batch[i:i + 4]] == [10, 11, 12, 13]
+    assert len({b[i][0] for b in batches for i in (0, 4)}) > 1, "the sets are drawn at random"
+    with pytest.raises(AssertionError, match="whole sets"):
+        warm.fit(base, tmp_path / "bad", examples[:-1], warm.WarmSpec(steps=1, batch_size=8, group=4))

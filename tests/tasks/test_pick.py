@@ -64,3 +64,32 @@ def test_only_the_named_value_scores_in_the_real_sandbox(tmp_path: Path) -> None
     other = next(t for t in tasks if answer_of(t) == "min")
     assert harness.evaluate(other, other.patch, sandbox_cfg=SandboxConfig(), scratch_dir=tmp_path / "scratch",
                             repo_cache=cache).reward == 1.0
+
+
+def test_balanced_warm_transcripts_write_every_value_for_each_statement(tmp_path: Path) -> None:
+    """``transcripts(balanced=True)``: consecutive sets of K, one statement each, every value once (the
+    sets ``WarmSpec.group`` keeps whole); ``system`` replaces the agent's system prompt in the IDs."""
+    from rollout_node.agent.prompts import SYSTEM_PROMPT
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks.builtin.warm import transcripts, value_prefix
+    from train_node.infer.tiny import build_tiny_model
+
+    template = ChatTemplate.from_model_dir(build_tiny_model(tmp_path / "tiny", seed=0))
+    tasks = load_tasks("builtin-pick")
+    k = len(VALUES)
+    got = transcripts(template, tasks, 3 * k, seed=5, balanced=True)
+    for s in range(3):
+        chunk = got[s * k:(s + 1) * k]
+        assert [t.value for t in chunk] == list(VALUES)
+        assert len({t.answer for t in chunk}) == 1
+        prompt_ends = {tuple(t.token_ids[:t.loss_mask.index(1)]) for t in chunk}
+        assert len(prompt_ends) == 1, "one statement per set"
+    with pytest.raises(AssertionError, match="sets of"):
+        transcripts(template, tasks, k + 1, balanced=True)
+    plain = transcripts(template, tasks, 8, seed=5)
+    assert len({t.value for t in plain}) > 1
+    short = "Fix it."
+    (mine, _), (default, _) = value_prefix(template, tasks[0], system=short), value_prefix(template, tasks[0])
+    assert len(mine) < len(default) and default == value_prefix(template, tasks[0], system=SYSTEM_PROMPT)[0]
+    first = transcripts(template, tasks[:1], 1, seed=5, system=short)[0]
+    assert first.token_ids[:len(mine)] == mine

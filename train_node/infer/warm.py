@@ -33,13 +33,18 @@ Example = tuple[Sequence[int], Sequence[int]]  # (token_ids, loss_mask)
 
 @dataclasses.dataclass(frozen=True)
 class WarmSpec:
-    """The fit: AdamW steps over shuffled mini-batches."""
+    """The fit: AdamW steps over shuffled mini-batches.
+
+    ``group``: the examples come in consecutive sets of this many that a batch takes whole (a set is
+    one statement with every value, so each batch's value targets are exactly uniform per statement).
+    """
 
     steps: int = 60
     batch_size: int = 8
     lr: float = 2e-3
     seed: int = 0
     threads: int = 2
+    group: int = 1
 
 
 def warm_key(base_dir: Path, examples: Sequence[Example], spec: WarmSpec) -> str:
@@ -98,6 +103,7 @@ def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSp
     import torch
 
     assert examples, "a warm start needs transcripts"
+    assert spec.batch_size % spec.group == 0 and len(examples) % spec.group == 0, "whole sets per batch"
     torch.set_num_threads(spec.threads)
     t0 = time.monotonic()
     with torch.random.fork_rng(devices=[]):
@@ -108,7 +114,8 @@ def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSp
         gen = torch.Generator().manual_seed(spec.seed)
         losses = []
         for step in range(spec.steps):
-            pick = torch.randint(len(examples), (spec.batch_size,), generator=gen).tolist()
+            sets = torch.randint(len(examples) // spec.group, (spec.batch_size // spec.group,), generator=gen)
+            pick = [int(k) * spec.group + j for k in sets for j in range(spec.group)]
             ids, mask, attn = _batch([examples[i] for i in pick], pad=0)
             # lm_head only where the loss is taken: the policy's tokens are ~15 % of an episode
             hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]

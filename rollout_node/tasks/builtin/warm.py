@@ -23,7 +23,7 @@ from typing import Any
 
 from rollout_node.agent.loop import AgentLimits, AgentLoop
 from rollout_node.agent.policy import Completion, SamplingParams
-from rollout_node.agent.prompts import task_messages
+from rollout_node.agent.prompts import SYSTEM_PROMPT, task_messages
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.agent.toolcall import ToolCall, format_tool_call
 from rollout_node.agent.tools import ToolOutput
@@ -93,24 +93,36 @@ def limits(max_new_tokens_per_turn: int = 64, temperature: float = 1.0) -> Agent
 
 
 def transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], n: int, *, seed: int = 0,
-                agent_limits: AgentLimits | None = None) -> list[Transcript]:
-    """``n`` canonical episodes: statement and written value drawn independently and uniformly."""
+                agent_limits: AgentLimits | None = None, balanced: bool = False,
+                system: str = SYSTEM_PROMPT) -> list[Transcript]:
+    """``n`` canonical episodes: statement and written value drawn independently and uniformly.
+
+    ``balanced``: ``n / K`` statements drawn, each written once with every value in turn (consecutive
+    sets of K, for ``WarmSpec.group``): the values are exactly uniform for every statement, not only
+    in expectation."""
     rng_task, rng_value = random.Random(seed), random.Random(seed + 7919)
     loop = AgentLoop(template, agent_limits or limits())
     tools = RepoFileTools()
+    if balanced:
+        assert n % len(VALUES) == 0, f"balanced transcripts come in sets of {len(VALUES)}"
+        draws = [(task, value) for task in (rng_task.choice(list(tasks)) for _ in range(n // len(VALUES)))
+                 for value in VALUES]
+    else:
+        draws = [(rng_task.choice(list(tasks)), rng_value.choice(VALUES)) for _ in range(n)]
     out = []
-    for _ in range(n):
-        task, value = rng_task.choice(list(tasks)), rng_value.choice(VALUES)
+    for task, value in draws:
         tools.reset()
-        result = loop.run(task_messages(task.problem_statement), _Script(template, solution_calls(value)), tools)
+        result = loop.run(task_messages(task.problem_statement, system=system),
+                          _Script(template, solution_calls(value)), tools)
         assert result.submitted and tools.written == value, (result.stop_reason, result.error)
         out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, answer_of(task)))
     return out
 
 
-def value_prefix(template: ChatTemplate, task: TaskInstance) -> tuple[list[int], list[int]]:
+def value_prefix(template: ChatTemplate, task: TaskInstance, *,
+                 system: str = SYSTEM_PROMPT) -> tuple[list[int], list[int]]:
     """(IDs up to the value in the canonical first turn, the ID of each value in VALUES order)."""
-    first = template.first_prompt(task_messages(task.problem_statement))
+    first = template.first_prompt(task_messages(task.problem_statement, system=system))
     calls = [template.encode_content(format_tool_call(*solution_calls(v)[0])) for v in VALUES]
     cut = next(i for i in range(len(calls[0])) if len({c[i] for c in calls}) > 1)
     assert all(c[:cut] == calls[0][:cut] for c in calls), "the values must follow one common prefix"
