@@ -180,6 +180,10 @@ T = 0.7; ~4 s per step here; "rows" as printed):
   at 30 (every row's diagonal 0.32-0.89), 0.67 at 40 (one value lost again); kl 0.2: the format broke
   at step 10 (well-formed 0.06) and came back, 0.50 at 30, 0.62 at 40 with all four values alive and
   every diagonal 0.46-0.73, well-formed 0.94-1.00 from step 30.
+- the demo's batch shape (``--tasks-per-step 2 --random-tasks --group 8``), forward kl 0.1, balanced warm
+  start: no value dies for long (0.85 on one at step 20, 0.45-0.56 on two at 30, three alive at 40),
+  but the rows stay identical and the reward at 0.25-0.28 to step 40: two random tasks a step leave the
+  common mode swinging, so the batch must hold every value (one task per value, or many tasks).
 So the forward KL against a uniform warm start is the first regulariser that holds all K values, and the
 short prompt the first that reads from RL at all; but 640 episodes (the demo's 10 minutes hold
 ~460-800) still end near 0.6-0.7, not 0.8. The trainer has only k3 (``algorithm.kl_coef``); a full-vocabulary
