@@ -186,8 +186,8 @@ T = 0.7; ~4 s per step here; "rows" as printed):
   common mode swinging, so the batch must hold every value (one task per value, or many tasks).
 So the forward KL against a uniform warm start is the first regulariser that holds all K values, and the
 short prompt the first that reads from RL at all; but 640 episodes (the demo's 10 minutes hold
-~460-800) still end near 0.6-0.7, not 0.8. The trainer has only k3 (``algorithm.kl_coef``); a full-vocabulary
-forward KL there needs the reference's whole distribution per token (a chunked head for both models).
+~460-800) still end near 0.6-0.7, not 0.8. The trainer computes the same forward KL with
+``algorithm.kl_estimator=forward`` (both fp32 heads chunked, as for the logprobs); not yet tried through the loop.
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ class AlgorithmConfig:
     clip_high: float = knob(0.28, doc="PPO clip around the proximal policy: pi/pi_prox <= 1 + clip_high (DAPO "
                             "clip-higher)", min=0.0)
     kl_coef: float = knob(0.0, doc="weight of the KL penalty against the reference model (0 = off)", min=0.0)
+    kl_estimator: Literal["k3", "forward"] = knob(
+        "k3", doc="the KL penalty per loss token: 'k3' estimates the KL of the policy from the reference with the "
+        "sampled token alone; 'forward' is the exact KL of the reference from the policy, KL(ref, pi), over the "
+        "whole vocabulary, whose pull back onto a token the policy stopped sampling does not vanish with its "
+        "probability (one more fp32 head pass)")
     tis_cap: float = knob(2.0, doc="decoupled off-policy correction: each token's loss is weighted by the detached, "
                           "truncated importance weight min(pi/mu, tis_cap) against the behaviour policy mu", min=1.0)
     max_staleness: int = knob(4, doc="the one staleness limit (policy versions between the weights that train a "

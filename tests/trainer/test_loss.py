@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpc.config import AlgorithmConfig
-from train_node.trainer.loss import LossParams, group_advantages, policy_loss, token_logprobs
+from train_node.trainer.loss import LossParams, forward_kl, group_advantages, policy_loss, token_logprobs
 
 from .helpers import with_flipped_advantages
 
@@ -80,6 +80,41 @@ def test_kl_penalty_k3():
     assert float(loss) == pytest.approx(0.1 * k3)
 
 
+def test_forward_kl_is_exact_and_pulls_back_an_abandoned_token():
+    """KL(ref || pi) over the vocabulary: exact, zero at the reference, and its gradient on a token the
+    policy gave up is (p - p_ref) / T, while k3 on the sampled token barely moves that token at all."""
+    inv_t = torch.tensor([1 / 0.7], dtype=torch.float64)
+    ref = torch.zeros(1, 4, dtype=torch.float64)  # uniform
+    logits = torch.tensor([[9.0, 0.0, -9.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    kl = forward_kl(logits, ref, inv_t)
+    p = torch.softmax(logits.detach() * inv_t, -1)
+    assert float(kl) == pytest.approx(float((0.25 * (math.log(0.25) - torch.log(p))).sum()))
+    assert float(forward_kl(ref, ref, inv_t)) == pytest.approx(0.0, abs=1e-12)
+    kl.sum().backward()
+    assert logits.grad[0].tolist() == pytest.approx(((p - 0.25) * inv_t)[0].tolist())
+    assert float(logits.grad[0, 2]) < -0.3  # token 2 (p ~ 1e-11) is pulled back
+    # k3 on the sampled token (0, the policy's mode): the pull on token 2 vanishes with its probability
+    z = logits.detach().clone().requires_grad_(True)
+    d = token_logprobs(ref, torch.tensor([0]), inv_t) - token_logprobs(z, torch.tensor([0]), inv_t)
+    (torch.exp(d) - d - 1).sum().backward()
+    assert abs(float(z.grad[0, 2])) < 1e-9
+
+
+def test_policy_loss_takes_the_forward_kl_when_asked():
+    logp = torch.tensor([math.log(0.5)], dtype=torch.float64, requires_grad=True)
+    fkl = torch.tensor([0.3], dtype=torch.float64, requires_grad=True)
+    one, zero = torch.ones(1, dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64)
+    params = LossParams(kl_coef=0.1, kl_estimator="forward")
+    loss, sums = policy_loss(logp, logp.detach().clone(), zero, one, params=params, total_tokens=1,
+                             forward_kl_tokens=fkl)
+    assert sums.kl == pytest.approx(0.3) and float(loss) == pytest.approx(0.03)
+    loss.backward()
+    assert float(fkl.grad) == pytest.approx(0.1)
+    with pytest.raises(AssertionError, match="forward KL"):
+        policy_loss(logp, logp.detach().clone(), zero, one, params=params, total_tokens=1)
+    assert LossParams.from_config(AlgorithmConfig(kl_estimator="forward")).kl_estimator == "forward"
+
+
 def test_advantage_sign_flip_negates_unclipped_loss():
     """The negative control's objective (test_learns.py patches it into the engine) is a true flip."""
     loss, grad, _ = _loss([1.0], [1.5], [1], total=1, loss_fn=with_flipped_advantages(policy_loss))
@@ -104,3 +139,34 @@ def test_group_advantages():
 
 def test_params_defaults_are_the_configs() -> None:
     assert LossParams() == LossParams.from_config(AlgorithmConfig())
+
+
+def test_chunked_forward_kl_equals_the_whole_head(tmp_path):
+    """The engine's fp32 chunked pass (several chunks, under checkpointing) gives the logprobs and the
+    forward KL, and their gradients, that the model's own full logits give."""
+    from transformers import AutoModelForCausalLM
+
+    from train_node.infer.tiny import build_tiny_model
+    from train_node.trainer.engine import fp32_head_logprobs_and_forward_kl
+
+    path = build_tiny_model(tmp_path / "tiny", seed=0)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(False)
+    with torch.no_grad():  # the policy has moved away from the reference
+        for w in policy.parameters():
+            w.add_(0.05 * torch.randn_like(w, generator=torch.Generator().manual_seed(1)))
+    ids = torch.randint(5, 200, (11,), generator=torch.Generator().manual_seed(2))
+    pos, targets = torch.arange(11), torch.roll(ids, -1)
+    inv_t = torch.full((11,), 1 / 0.7)
+    logp, kl = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4)
+    (logp.sum() + kl.sum()).backward()
+    chunked = [w.grad.clone() for w in policy.parameters()]
+    policy.zero_grad()
+    logits = policy(input_ids=ids[None], position_ids=pos[None]).logits[0]
+    ref_logits = ref(input_ids=ids[None], position_ids=pos[None]).logits[0]
+    logp2, kl2 = token_logprobs(logits, targets, inv_t), forward_kl(logits, ref_logits, inv_t)
+    (logp2.sum() + kl2.sum()).backward()
+    assert torch.allclose(logp, logp2, atol=1e-5) and torch.allclose(kl, kl2, atol=1e-5)
+    assert float(kl.min()) > 0
+    for a, w in zip(chunked, policy.parameters(), strict=True):
+        assert torch.allclose(a, w.grad, atol=1e-5, rtol=1e-4)

@@ -83,13 +83,15 @@ def test_corrupt_shard_is_quarantined_and_training_continues(tmp_path: Path) -> 
     assert info["reason"]
 
 
-def test_kl_penalty_against_the_reference_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("estimator", ["k3", "forward"])
+def test_kl_penalty_against_the_reference_model(tmp_path: Path, estimator: str) -> None:
     cfg = run_config(trainer={"total_steps": 3, "checkpoint_every": 10, "lr": 1e-2},
-                     algorithm={"kl_coef": 0.1})
+                     algorithm={"kl_coef": 0.1, "kl_estimator": estimator})
     paths = make_run(tmp_path / "run", cfg)
     write_groups(paths.root, standard_groups(6))
     t = _trainer(paths.root, cfg)
     assert t.engine.ref_model is not None
+    assert t.engine._forward_kl == (estimator == "forward")
     assert t.run() == 0
     kls = [s["kl"] for s in read_metrics(paths.root, "train_step")]
     assert kls[0] == pytest.approx(0.0, abs=1e-9)  # the policy starts as the reference

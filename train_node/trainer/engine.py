@@ -27,7 +27,7 @@ import torch.utils.checkpoint
 from hpc.config import AlgorithmConfig, TrainerConfig
 from train_node.trainer.dist_env import DistEnv
 from train_node.trainer.faults import fault_point
-from train_node.trainer.loss import LossParams, LossSums, policy_loss, token_logprobs
+from train_node.trainer.loss import LossParams, LossSums, forward_kl, policy_loss, token_logprobs
 from train_node.trainer.packing import MicroBatch
 
 
@@ -108,15 +108,49 @@ def fp32_head_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, positio
     """``log_softmax(logits / T)[target]`` with the LM head applied in fp32, ``chunk_tokens`` positions
     at a time under activation checkpointing, so the [N, V] logits never exist whole (not in bf16, not
     in fp32). None when the model does not split into a decoder and a plain linear head."""
+    split = _decoder_and_head(module)
+    if split is None:
+        return None
+    hidden = _hidden(split[0], input_ids, position_ids)
+    return chunked_head_logprobs(hidden, split[1], targets, inv_t, chunk_tokens)
+
+
+def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Module, input_ids: torch.Tensor,
+                                      position_ids: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
+                                      chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(:func:`fp32_head_logprobs`, the per-position :func:`~train_node.trainer.loss.forward_kl` against
+    ``ref``), both heads in fp32 over ``chunk_tokens`` positions at a time under activation
+    checkpointing; None when either model does not split into a decoder and a plain linear head."""
+    split, ref_split = _decoder_and_head(module), _decoder_and_head(ref)
+    if split is None or ref_split is None:
+        return None
+    hidden = _hidden(split[0], input_ids, position_ids)
+    with torch.no_grad():
+        ref_hidden = _hidden(ref_split[0], input_ids, position_ids)
+    head, ref_head = split[1], ref_split[1]
+    pieces = []
+    for lo in range(0, hidden.shape[0], chunk_tokens):
+        sl = slice(lo, lo + chunk_tokens)
+        pieces.append(torch.utils.checkpoint.checkpoint(
+            _head_chunk_kl, hidden[sl], head.weight, head.bias, ref_hidden[sl], ref_head.weight, ref_head.bias,
+            targets[sl], inv_t[sl], use_reentrant=False))
+    both = torch.cat(pieces, dim=1)
+    return both[0], both[1]
+
+
+def _decoder_and_head(module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     get_decoder, get_head = getattr(module, "get_decoder", None), getattr(module, "get_output_embeddings", None)
     decoder = get_decoder() if callable(get_decoder) else None
     head = get_head() if callable(get_head) else None
     cfg = getattr(module, "config", None)
     if decoder is None or not isinstance(head, torch.nn.Linear) or getattr(cfg, "final_logit_softcapping", None):
         return None
-    hidden = decoder(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
-                     use_cache=False).last_hidden_state[0]
-    return chunked_head_logprobs(hidden, head, targets, inv_t, chunk_tokens)
+    return decoder, head
+
+
+def _hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    return decoder(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
+                   use_cache=False).last_hidden_state[0]
 
 
 def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, inv_t: torch.Tensor,
@@ -132,8 +166,18 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
 
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
                 inv_t: torch.Tensor) -> torch.Tensor:
-    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-    return token_logprobs(logits, targets, inv_t)
+    return token_logprobs(_fp32_logits(hidden, weight, bias), targets, inv_t)
+
+
+def _head_chunk_kl(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ref_hidden: torch.Tensor,
+                   ref_weight: torch.Tensor, ref_bias: torch.Tensor | None, targets: torch.Tensor,
+                   inv_t: torch.Tensor) -> torch.Tensor:
+    logits, ref_logits = _fp32_logits(hidden, weight, bias), _fp32_logits(ref_hidden, ref_weight, ref_bias).detach()
+    return torch.stack([token_logprobs(logits, targets, inv_t), forward_kl(logits, ref_logits, inv_t)])
+
+
+def _fp32_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
 # positions per chunk of the fp32 LM head: 1024 x 152k vocab x 4 B = 0.6 GB of logits at a time
@@ -215,6 +259,23 @@ class Engine:
                      use_cache=False)
         return token_logprobs(out.logits[0], t["targets"], t["inv_t"])
 
+    def logprobs_and_forward_kl(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(:meth:`logprobs`, the forward KL against the reference at every position) in one pass."""
+        assert self.ref_model is not None
+        inner = self.ds.module if isinstance(getattr(self.ds, "module", None), torch.nn.Module) else self.ds
+        assert isinstance(inner, torch.nn.Module)
+        if self.tcfg.zero_stage < 3:
+            both = fp32_head_logprobs_and_forward_kl(inner, self.ref_model, t["input_ids"], t["position_ids"],
+                                                     t["targets"], t["inv_t"], HEAD_CHUNK_TOKENS)
+            if both is not None:
+                return both
+        kw = {"input_ids": t["input_ids"].unsqueeze(0), "position_ids": t["position_ids"].unsqueeze(0),
+              "use_cache": False}
+        logits = self.ds(**kw).logits[0]
+        with torch.no_grad():
+            ref_logits = self.ref_model(**kw).logits[0]
+        return token_logprobs(logits, t["targets"], t["inv_t"]), forward_kl(logits, ref_logits, t["inv_t"])
+
     def global_loss_tokens(self, micro_batches: list[MicroBatch]) -> float:
         local = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro_batches))], device=self.device)
         tdist.all_reduce(local)
@@ -229,10 +290,13 @@ class Engine:
         self.ds.train()
         for mb in micro_batches:
             t = self._tensors(mb)
-            logp = self.logprobs(self.ds, t)
-            ref = self._ref_logprobs(t)
+            ref, fkl = None, None
+            if self._forward_kl:
+                logp, fkl = self.logprobs_and_forward_kl(t)
+            else:
+                logp, ref = self.logprobs(self.ds, t), self._ref_logprobs(t)
             loss, s = policy_loss(logp, t["behaviour"], t["adv"], t["mask"], params=self.params,
-                                  total_tokens=total, ref_logp=ref, staleness=t["staleness"])
+                                  total_tokens=total, ref_logp=ref, staleness=t["staleness"], forward_kl_tokens=fkl)
             self.ds.backward(loss * self.world, scale_wrt_gas=False)
             sums.add(s)
         fault_point("step")
@@ -241,6 +305,10 @@ class Engine:
         return StepResult(sums=summed, grad_norm=self._grad_norm(),
                           lr=float(self.scheduler.get_last_lr()[0]), tokens=sum(mb.num_tokens for mb in micro_batches),
                           seconds=time.perf_counter() - t0)
+
+    @property
+    def _forward_kl(self) -> bool:
+        return self.ref_model is not None and self.params.kl_coef > 0 and self.params.kl_estimator == "forward"
 
     def _ref_logprobs(self, t: dict[str, torch.Tensor]) -> torch.Tensor | None:
         if self.ref_model is None or self.params.kl_coef <= 0:

@@ -22,9 +22,14 @@ so the gradient is ``-A * w * grad(log pi)``: stale samples are re-weighted towa
 policy, and the weight is truncated at ``tis_cap`` so that one token can never dominate. The PPO clip
 bounds the move away from the proximal policy; with one optimizer step per batch the proximal policy
 is the current one and the clip cannot bind (``clipped`` counts where it does). Optional KL penalty
-against a frozen reference (k3 estimator, always >= 0):
+against a frozen reference, always >= 0, by ``kl_estimator``: ``k3`` from the sampled token,
 
     kl = exp(logp_ref - logp) - (logp_ref - logp) - 1;   per_token = pg + kl_coef * kl
+
+or ``forward``, the exact KL(ref || pi) over the vocabulary at the position (:func:`forward_kl`, which
+the engine computes alongside the logprobs): its gradient on the logits is ``(pi - pi_ref) / T``, so a
+token the policy no longer samples is still pulled back towards the reference (k3's pull, and that of
+the reverse KL, vanish with the token's probability).
 
 Statistics per staleness bucket (0, 1, 2, 3+ versions) report how off-policy the step was: tokens,
 ``sum |pi/mu - 1|``, the share truncated at ``tis_cap`` and the mean weight.
@@ -56,10 +61,12 @@ class LossParams:
     clip_high: float = _ALGORITHM.clip_high
     tis_cap: float = _ALGORITHM.tis_cap
     kl_coef: float = _ALGORITHM.kl_coef
+    kl_estimator: str = _ALGORITHM.kl_estimator
 
     @classmethod
     def from_config(cls, cfg: AlgorithmConfig) -> LossParams:
-        return cls(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
+        return cls(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef,
+                   kl_estimator=cfg.kl_estimator)
 
 
 def _zeros() -> list[float]:
@@ -121,6 +128,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, inv_temperature:
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def forward_kl(logits: torch.Tensor, ref_logits: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(ref / T) || softmax(logits / T)) per position, in fp32. Shapes: [N, V], [N, V], [N] -> [N]."""
+    scale = inv_temperature.unsqueeze(-1)
+    mine = torch.log_softmax(logits.float() * scale, dim=-1)
+    ref = torch.log_softmax(ref_logits.float() * scale, dim=-1)
+    return (ref.exp() * (ref - mine)).sum(-1)
+
+
 def policy_loss(
     logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
@@ -131,8 +146,12 @@ def policy_loss(
     total_tokens: float,
     ref_logp: torch.Tensor | None = None,
     staleness: torch.Tensor | None = None,
+    forward_kl_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
-    """The micro-batch loss (already divided by the step's global loss-token count) and its sums."""
+    """The micro-batch loss (already divided by the step's global loss-token count) and its sums.
+
+    The KL term: ``k3`` from ``ref_logp``; ``forward`` takes the per-token :func:`forward_kl`
+    (``forward_kl_tokens``, carrying its gradient) instead."""
     assert total_tokens > 0, "a step without loss tokens must not reach the loss"
     prox = logp.detach()
     ratio = torch.exp((prox - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # pi_prox / mu
@@ -142,7 +161,11 @@ def policy_loss(
     pg = weight * torch.maximum(-advantages * prox_ratio, -advantages * clipped_ratio)
     per_token = pg
     kl = torch.zeros_like(logp)
-    if ref_logp is not None and params.kl_coef > 0:
+    if params.kl_coef > 0 and params.kl_estimator == "forward":
+        assert forward_kl_tokens is not None, "kl_estimator 'forward' needs the per-token forward KL"
+        kl = forward_kl_tokens
+        per_token = per_token + params.kl_coef * kl
+    elif ref_logp is not None and params.kl_coef > 0:
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + params.kl_coef * kl
