@@ -188,6 +188,15 @@ So the forward KL against a uniform warm start is the first regulariser that hol
 short prompt the first that reads from RL at all; but 640 episodes (the demo's 10 minutes hold
 ~460-800) still end near 0.6-0.7, not 0.8. The trainer computes the same forward KL with
 ``algorithm.kl_estimator=forward`` (both fp32 heads chunked, as for the logprobs); not yet tried through the loop.
+Eleventh session (``--rich``: each statement written in its value's own words throughout, "smallest,
+lowest, least, minimum ..." for ``min``, the closing request unchanged; forward kl 0.1, balanced warm
+start, 4 x 4, lr 3e-4, 30 steps): the hypothesis was that more value-dependent tokens in the prompt
+(~45 of ~500 with the agent's system prompt, of ~210 with ``--short-system``, against ~10 now) would
+separate the statements' hidden states at the edit. They do not help: with the agent's prompt 0.249 at
+10, 0.256 at 20, 0.310 at 30 (rows identical, the mass swinging min/max -> first -> min); with
+``--short-system`` 0.282 / 0.319 / 0.338 (rows still nearly identical; ``--short-system --repeat 8``
+gave 0.74 at 30). What reads is the value's own token named again and again (the copy path through the
+output token), not text about the value.
 """
 
 from __future__ import annotations
@@ -201,6 +210,30 @@ from typing import Any
 
 SHORT_SYSTEM = ("You are a software engineer. Fix the repository at /work with one tool call per turn, as JSON "
                 "inside <tool_call> tags, then submit.")
+
+
+RICH = {
+    "min": ("The smallest, lowest, least number: the minimum. Reports want the smallest of each list, the low "
+            "point, the bottom, the least one, the minimum `min`. ",
+            "Lowest wins. Take the least, the smallest, the minimum, the floor of the numbers, the low end `min`. ",
+            "Minimum please: the smallest and lowest value, the least of them all, the bottom of the list `min`. ",
+            "Report the low: smallest, lowest, least, minimum, the floor, never more than the bottom `min`. "),
+    "max": ("The largest, highest, greatest number: the maximum. Reports want the largest of each list, the high "
+            "point, the top, the greatest one, the maximum `max`. ",
+            "Highest wins. Take the greatest, the largest, the maximum, the ceiling of the numbers, the high end `max`. ",
+            "Maximum please: the largest and highest value, the greatest of them all, the top of the list `max`. ",
+            "Report the high: largest, highest, greatest, maximum, the peak, never less than the top `max`. "),
+    "first": ("The earliest, initial, leading number: the first. Reports want the opening item of each list, the "
+              "head, the front, the beginning, the first `first`. ",
+              "Earliest wins. Take the initial, the leading, the opening entry, the head of the numbers, the front `first`. ",
+              "First please: the earliest and initial value, the one at the beginning, the head of the list `first`. ",
+              "Report the start: earliest, initial, leading, opening, the head, the very beginning `first`. "),
+    "last": ("The latest, final, trailing number: the last. Reports want the closing item of each list, the tail, "
+             "the end, the most recent one, the last `last`. ",
+             "Latest wins. Take the final, the trailing, the closing entry, the tail of the numbers, the end `last`. ",
+             "Last please: the latest and final value, the one at the end, the tail of the list `last`. ",
+             "Report the end: latest, final, trailing, closing, the tail, the very end `last`. "),
+}
 
 
 def main() -> None:
@@ -258,6 +291,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=0, metavar="N",
                     help="append 'It must be `VALUE`.' N times to every statement (the warm start's transcripts "
                     "too): more of the prompt names the value")
+    ap.add_argument("--rich", action="store_true",
+                    help="statements written in the value's own words throughout (RICH), not a shared skeleton "
+                    "naming the value 2-3 times: most of the statement's tokens then depend on the value")
     ap.add_argument("--short-system", action="store_true",
                     help=f"the one-line system prompt {SHORT_SYSTEM!r} instead of the agent's (397 -> ~110 prompt "
                     "tokens), in the warm start's transcripts too")
@@ -307,6 +343,15 @@ def main() -> None:
     if args.repeat:
         tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
                                      + f" It must be `{answer_of(t)}`." * args.repeat + "\n") for t in tasks]
+    if args.rich:
+        seen: dict[str, int] = {}
+        rich = []
+        for t in tasks:
+            v = answer_of(t)
+            j = seen[v] = seen.get(v, -1) + 1
+            rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])]
+                                            + f"Set `AGGREGATE` in summary/config.py to `{v}`.\n"))
+        tasks = rich
     system = SHORT_SYSTEM if args.short_system else SYSTEM_PROMPT  # transcripts, value prefixes, episodes
     examples = [(t.token_ids, t.loss_mask)
                 for t in transcripts(template, tasks, 256, seed=args.seed, balanced=args.balanced_warm,
