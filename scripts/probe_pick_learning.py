@@ -11,7 +11,7 @@ claim must come from the demo (tests/e2e/test_learning.py).
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
         [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
         [--episodes [--min-entropy NATS] [--ptx COEF]] [--pretrain-read STEPS [--pretrain-call]] [--base DIR]
-        [--repeat N] [--short-system] [--betas B1,B2] [--sgd] [--kl-full {off,reverse,forward}] [--balanced-warm]
+        [--repeat N] [--rich] [--short-system] [--betas B1,B2] [--sgd] [--kl-full {off,reverse,forward}] [--balanced-warm]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -313,9 +313,9 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--betas {args.betas!r}: give two numbers in [0, 1) separated by a comma, e.g. 0.9,0.999")
-    if args.format_every and (args.short_system or args.repeat or args.balanced_warm):
+    if args.format_every and (args.short_system or args.repeat or args.rich or args.balanced_warm):
         ap.error("--format-every samples episodes of the packaged statements with the agent's system prompt "
-                 "(spoolrl warm-start's measure): drop --short-system / --repeat / --balanced-warm, or use --episodes")
+                 "(spoolrl warm-start's measure): drop --short-system / --repeat / --rich / --balanced-warm, or use --episodes")
     if args.kl_full != "off" and not (args.episodes and args.kl):
         ap.error("--kl-full changes how --episodes computes the --kl term: add --episodes and --kl COEF")
     if args.episodes and (args.oracle or args.format_every):
