@@ -340,9 +340,6 @@ def main() -> None:
         base = pretrain_to_read(Path(base), args.pretrain_read, args.seed, args.pretrain_call)
     template = ChatTemplate.from_model_dir(base)
     tasks = load_tasks("builtin-pick")
-    if args.repeat:
-        tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
-                                     + f" It must be `{answer_of(t)}`." * args.repeat + "\n") for t in tasks]
     if args.rich:
         seen: dict[str, int] = {}
         rich = []
@@ -352,6 +349,9 @@ def main() -> None:
             rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])]
                                             + f"Set `AGGREGATE` in summary/config.py to `{v}`.\n"))
         tasks = rich
+    if args.repeat:
+        tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
+                                     + f" It must be `{answer_of(t)}`." * args.repeat + "\n") for t in tasks]
     system = SHORT_SYSTEM if args.short_system else SYSTEM_PROMPT  # transcripts, value prefixes, episodes
     examples = [(t.token_ids, t.loss_mask)
                 for t in transcripts(template, tasks, 256, seed=args.seed, balanced=args.balanced_warm,
