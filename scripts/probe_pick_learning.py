@@ -334,7 +334,7 @@ def main() -> None:
     from rollout_node.agent.prompts import SYSTEM_PROMPT
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
-    from rollout_node.tasks.builtin.pick import VALUES, answer_of
+    from rollout_node.tasks.builtin.pick import CLOSING, VALUES, answer_of
     from rollout_node.tasks.builtin.warm import transcripts, value_prefix
     from train_node.infer.tiny import cached_tiny_model
     from train_node.infer.warm import WarmSpec, cached_warm_start
@@ -351,8 +351,7 @@ def main() -> None:
         for t in tasks:
             v = answer_of(t)
             j = seen[v] = seen.get(v, -1) + 1
-            rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])]
-                                            + f"Set `AGGREGATE` in summary/config.py to `{v}`.\n"))
+            rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])] + CLOSING.format(v=v)))
         tasks = rich
     if args.repeat:
         tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")
