@@ -24,3 +24,10 @@ def test_srun_task_of_the_train_group() -> None:
 def test_single_process_without_launcher() -> None:
     d = resolve({})
     assert (d.rank, d.world_size, d.source) == (0, 1, "single")
+    assert resolve({"MASTER_PORT": "31337"}).master_port == 31337
+    import socket
+
+    with socket.socket() as busy:  # a port another single trainer holds (the old fixed 29500) is not chosen
+        busy.bind(("127.0.0.1", d.master_port))
+        busy.listen()
+        assert resolve({}).master_port != d.master_port

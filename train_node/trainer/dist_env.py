@@ -6,7 +6,8 @@ Resolution order (first that applies):
 2. ``hpc.slurm_env.SlurmEnv`` under a Slurm job step (srun starts one task per GPU): train-group
    rank and size, the first host of the train group and a port derived from the job id and the
    restart count (so a requeued job never collides with its predecessor's port).
-3. A single process on this host.
+3. A single process on this host: ``MASTER_PORT`` if set, else a port the OS has free now (a fixed
+   default would collide with any other single trainer on the host: two demos, a demo and a test).
 
 The result is exported to the environment, because ``deepspeed.init_distributed`` reads it there.
 """
@@ -14,6 +15,7 @@ The result is exported to the environment, because ``deepspeed.init_distributed`
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 
@@ -54,10 +56,17 @@ def _from_slurm(env: dict[str, str]) -> DistEnv | None:
                    master_addr=host, master_port=port, source="slurm")
 
 
-def resolve(environ: dict[str, str] | None = None, *, default_port: int = 29500) -> DistEnv:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve(environ: dict[str, str] | None = None) -> DistEnv:
     env = dict(os.environ if environ is None else environ)
     found = _from_launcher(env) or _from_slurm(env)
     if found is not None:
         return found
-    return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1",
-                   master_port=int(env.get("MASTER_PORT", default_port)), source="single")
+    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else free_port()
+    return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, source="single")
