@@ -22,6 +22,7 @@ processes a Slurm job would start. Guarantees:
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -38,12 +39,16 @@ from hpc.records import read_policy_latest
 # model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
 DEMO_OVERRIDES = (
     "run.name=demo",
-    "tasks.source=builtin-pick", "tasks.epochs=1000",
-    "trainer.precision=fp32", "trainer.zero_stage=0", "trainer.lr=2e-4", "trainer.checkpoint_every=5",
-    "trainer.micro_batch_tokens=8192", "trainer.max_tasks_outstanding=6", "trainer.publish_every=1",
+    # the file's order: one task of each value in every step (a step of random tasks lets the policy drift
+    # onto one value unopposed; scripts/probe_pick_learning.py, sixth and tenth sessions)
+    "tasks.source=builtin-pick", "tasks.epochs=1000", "tasks.order=file",
+    "trainer.precision=fp32", "trainer.zero_stage=0", "trainer.lr=3e-4", "trainer.checkpoint_every=5",
+    "trainer.micro_batch_tokens=8192", "trainer.max_tasks_outstanding=10", "trainer.publish_every=1",
     "slurm.train.gpus_per_node=0", "slurm.infer.gpus_per_node=0",
-    "algorithm.group_size=8", "algorithm.groups_per_step=2", "algorithm.drop_zero_variance=false",
-    "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=72", "rollout.max_tokens=1024",
+    "algorithm.group_size=8", "algorithm.groups_per_step=4", "algorithm.drop_zero_variance=false",
+    # the forward KL against the warm start keeps every value alive (k3's pull vanishes on an abandoned one)
+    "algorithm.kl_coef=0.1", "algorithm.kl_estimator=forward",
+    "rollout.system_prompt=brief", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=72", "rollout.max_tokens=1024",
     "rollout.observation_max_tokens=128",
     "rollout.run_workers=8", "rollout.eval_workers=2", "rollout.init_workers=2",
     "inference.interface=lo", "inference.temperature=0.7",
@@ -84,7 +89,7 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     from hpc.cli.demo_model import warm_model
 
     t0 = time.monotonic()
-    model = warm_model(seed=config.run.seed)
+    model = warm_model(seed=config.run.seed, system_prompt=config.rollout.system_prompt)
     print(f"spoolrl demo: warm-started tiny model {model} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     return load_config(None, [*base, f"model.path={model}", *overrides])
 
@@ -268,6 +273,17 @@ def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -
             "trainer": status.get("trainer"), "role_errors": errors}
 
 
+def _interrupt_on(*signums: int) -> dict[int, Any]:
+    """Make these signals stop the demo as Ctrl-C does (roles drained, nothing orphaned; a ``kill``, a
+    closed terminal or ``timeout`` would otherwise leave the inference server running); returns the
+    previous handlers. A shell's background job starts with SIGINT ignored, so SIGTERM is its Ctrl-C."""
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    return {s: signal.signal(s, interrupt) for s in signums}
+
+
 def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: list[str],
              stream: TextIO = sys.stdout) -> int:
     t0 = time.monotonic()
@@ -276,6 +292,7 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         paths.stop_marker.unlink()  # a resumed demo starts its roles again
     print(f"spoolrl demo: run directory {paths.root}", file=sys.stderr)
     jobs = start_roles(paths, timeout_min=120)
+    previous = _interrupt_on(signal.SIGTERM, signal.SIGHUP)
     try:
         why = monitor(paths, jobs, total, stream)
     except KeyboardInterrupt:
@@ -284,6 +301,9 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         stop_roles(paths, jobs, grace_s=45.0)
         print(f"continue with: spoolrl demo --resume {paths.root}", file=sys.stderr)
         return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     stop_roles(paths, jobs)
     errors = role_errors(jobs)
     result = summary(paths, why, time.monotonic() - t0, errors)

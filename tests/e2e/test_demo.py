@@ -1,6 +1,7 @@
 """``spoolrl demo`` end to end on this machine: real engine, real bwrap sandboxes, real DeepSpeed.
 
-It is interrupted mid-run (SIGINT, as Ctrl-C does) and continued with ``--resume``; then
+It is stopped mid-run (SIGTERM with SIGINT ignored, as ``kill`` stops a shell's background job; it must
+act as Ctrl-C does and leave no process behind) and continued with ``--resume``; then
 ``spoolrl report`` must agree with aggregates recomputed here from the metrics files.
 """
 
@@ -28,6 +29,24 @@ def _last_step(run: Path) -> int:
     return max(steps, default=0)
 
 
+def _processes_of(run: Path, wait_s: float = 30.0) -> list[str]:
+    """Command lines of live processes that name the run directory (after waiting up to ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                argv = cmdline.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            text = " ".join(a.decode(errors="replace") for a in argv)
+            if str(run) in text:
+                found.append(text[:300])
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
 def _checkpoints(run: Path) -> list[str]:
     return sorted(p.name for p in (run / "checkpoints").glob("step_*"))
 
@@ -35,20 +54,22 @@ def _checkpoints(run: Path) -> list[str]:
 def test_demo_interrupt_resume_and_report(tmp_path: Path) -> None:
     run = tmp_path / "demo run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # started with SIGINT ignored, as a shell's background job is: SIGTERM (kill, timeout) must stop it as Ctrl-C does
     first = subprocess.Popen([*SPOOLRL, "demo", "--out", str(run), "--steps", "6", "trainer.checkpoint_every=2"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, env=env,
-                             # a shell's background job starts with SIGINT ignored; Ctrl-C must reach the demo
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline and first.poll() is None:
         if run.exists() and _checkpoints(run):
             break
         time.sleep(1)
     assert first.poll() is None, f"demo ended before its first checkpoint:\n{first.stdout.read() if first.stdout else ''}"
-    first.send_signal(signal.SIGINT)
+    first.send_signal(signal.SIGTERM)
     out1, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out1
     assert "spoolrl demo --resume" in out1
+    left = _processes_of(run)  # the roles and the inference server they started are gone, none orphaned
+    assert not left, left
     interrupted_at = _last_step(run)
     assert 2 <= interrupted_at < 6, out1  # the trainer may finish steps it already has data for while draining
 
