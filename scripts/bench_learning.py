@@ -3,8 +3,9 @@
 
 Both arms are ``spoolrl demo`` runs (real engine, bwrap sandboxes, EVAL, spool, DeepSpeed, live reloads)
 from the same warm-started model, one after the other, with the same steps and seed:
-- async (the demo's defaults): rollouts never wait for the trainer; up to ``trainer.max_tasks_outstanding``
-  tasks ahead, samples up to ``algorithm.max_staleness`` versions old are trained (with the importance
+- async: rollouts never wait for the trainer; up to ``trainer.max_tasks_outstanding`` = 3 steps' tasks
+  ahead (the demo itself issues one step's tasks at a time, so that every step holds one task of each
+  value: the rollout node claims outstanding tasks in random order), samples up to ``algorithm.max_staleness`` versions old are trained (with the importance
   correction), the next batch is prepared while a step trains (``trainer.prefetch``).
 - sync: every batch is sampled from the current policy: the feeder issues one step's tasks at a time
   (``trainer.max_tasks_outstanding = algorithm.groups_per_step``), no prefetch, staleness 0 on both sides
@@ -36,6 +37,10 @@ from hpc.metrics import read_metrics  # noqa: E402
 
 TARGET = 0.8
 WINDOW = 3
+
+
+def async_overrides(groups_per_step: int) -> list[str]:
+    return [f"trainer.max_tasks_outstanding={3 * groups_per_step}", "trainer.prefetch=true"]
 
 
 def sync_overrides(groups_per_step: int) -> list[str]:
@@ -82,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--groups-per-step", type=int, default=2, help="must match the demo's (default 2)")
+    parser.add_argument("--groups-per-step", type=int, default=4, help="groups per trainer step (default 4, the demo's)")
     parser.add_argument("--out", type=Path, help="where the two runs go (default: a temporary directory)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for both arms")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-"))
     common = [f"run.seed={args.seed}", f"algorithm.groups_per_step={args.groups_per_step}", *args.overrides]
-    arms = [run_arm("async", out, args.steps, common),
+    arms = [run_arm("async", out, args.steps, [*common, *async_overrides(args.groups_per_step)]),
             run_arm("sync", out, args.steps, [*common, *sync_overrides(args.groups_per_step)])]
     a, s = arms
     ratio = (s["time_to_target_s"] / a["time_to_target_s"]

@@ -202,6 +202,19 @@ Larger balanced batches read: ``--short-system --repeat 8 --episodes --kl 0.1 --
 seed 0 0.40 at 10, 0.79 at 20, 0.98 at 25, 0.99 at 30 (every diagonal 0.97-1.00, well-formed 1.00);
 seed 1 0.43 / 0.63 / 0.88 at 10 / 20 / 30. The first configuration that reads cleanly in two seeds, but 960
 episodes by step 30: at the loop's ~1.3 s per episode about 21 minutes, twice the demo's budget.
+Twelfth session: the packaged statements now insist on the value 8 times and the demo's system prompt is
+``rollout.system_prompt: brief`` (= ``--short-system``), so the figures above for ``--short-system --repeat 8``
+are now those of ``--short-system`` alone; pick.jsonl lists the values in turn, which changes the
+transcripts the warm start draws (another warm start, like another seed). From it (``--short-system
+--episodes --kl 0.1 --kl-full forward --balanced-warm --lr 3e-4 --tasks-per-step 4 --group 8``): 0.332 at 10,
+0.427 at 15, 0.525 at 20, 0.614 at 25, 0.735 at 30 (``last`` dead at 20, back at 30). lr 5e-4 from the
+earlier warm start: 0.356 / 0.347 / 0.425 at 10 / 15 / 20 (slower than 3e-4's 0.40 / - / 0.79).
+Through the whole loop with the same settings, this probe's regime needs one step's tasks outstanding
+(``trainer.max_tasks_outstanding=4``: balanced steps, staleness 0): then ``spoolrl demo`` follows it (0.28
+at 10, 0.56 at 18, 0.91 at 25, last 5 steps 0.91 for seed 0; seed 1 0.28 at 10, 0.66 at 25, last 5 only
+0.39). With 10 tasks outstanding (steps of random composition, samples 1-2 versions stale) it does not
+(0.0-0.47 per step for 19 steps): ``scripts/probe_one_step.py`` shows why, one AdamW step at lr 3e-4
+moves the value distribution from uniform to ~0.84 on one value for every statement.
 """
 
 from __future__ import annotations
@@ -213,9 +226,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SHORT_SYSTEM = ("You are a software engineer. Fix the repository at /work with one tool call per turn, as JSON "
-                "inside <tool_call> tags, then submit.")
-
+from rollout_node.agent.prompts import BRIEF_SYSTEM_PROMPT as SHORT_SYSTEM  # rollout.system_prompt: brief
 
 RICH = {
     "min": ("The smallest, lowest, least number: the minimum. Reports want the smallest of each list, the low "
@@ -294,8 +305,8 @@ def main() -> None:
                     help="supervised instead of RL: cross-entropy on the named value for every sample (the most "
                     "a step's samples could teach; a lower bound on the steps RL needs)")
     ap.add_argument("--repeat", type=int, default=0, metavar="N",
-                    help="append 'It must be `VALUE`.' N times to every statement (the warm start's transcripts "
-                    "too): more of the prompt names the value")
+                    help="append 'It must be `VALUE`.' N more times to every statement (the warm start's transcripts "
+                    "too): more of the prompt names the value (the packaged statements already insist 8 times)")
     ap.add_argument("--rich", action="store_true",
                     help="statements written in the value's own words throughout (RICH), not a shared skeleton "
                     "naming the value 2-3 times: most of the statement's tokens then depend on the value")
@@ -351,7 +362,8 @@ def main() -> None:
         for t in tasks:
             v = answer_of(t)
             j = seen[v] = seen.get(v, -1) + 1
-            rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])] + CLOSING.format(v=v)))
+            rich.append(dataclasses.replace(t, problem_statement=RICH[v][j % len(RICH[v])]
+                                            + CLOSING.format(v=v) + "\n"))
         tasks = rich
     if args.repeat:
         tasks = [dataclasses.replace(t, problem_statement=t.problem_statement.rstrip("\n")

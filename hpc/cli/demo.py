@@ -8,7 +8,7 @@ from typing import Any
 
 from hpc.cli.util import add_run_arg, print_json
 
-DEFAULT_STEPS = 20  # = hpc.cli.demo_run.DEFAULT_STEPS (imported only when the verb runs)
+DEFAULT_STEPS = 30  # = hpc.cli.demo_run.DEFAULT_STEPS (imported only when the verb runs)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -24,10 +24,11 @@ def _warm_start(args: argparse.Namespace) -> int:
     from hpc.cli.demo_model import measure, warm_model
 
     t0 = time.monotonic()
-    model = warm_model(seed=args.seed)
+    model = warm_model(seed=args.seed, system_prompt=args.system_prompt)
     out: dict[str, Any] = {"dir": str(model), "build_s": round(time.monotonic() - t0, 1)}
     if args.measure:
-        out.update(measure(model, episodes=args.measure, temperature=args.temperature, seed=args.seed))
+        out.update(measure(model, episodes=args.measure, temperature=args.temperature, seed=args.seed,
+                           system_prompt=args.system_prompt))
     print_json(out)
     return 0
 
@@ -49,8 +50,7 @@ def register(sub: Any) -> None:
         "demo", help="run the whole loop on this machine (no Slurm needed)",
         description="Start the CPU inference engine, a rollout node with bwrap sandboxes and the DeepSpeed trainer "
         "as local processes; by default the tiny model, warm-started on the format only, trains on the built-in "
-        "'builtin-pick' tasks (reward ~0.25 before RL; the rise to 0.8 is not reached yet, see the README); "
-        "show the reward step by step; end with a summary.")
+        "'builtin-pick' tasks (reward ~0.25 before RL); show the reward step by step; end with a summary.")
     p.add_argument("--out", metavar="RUN", help="run directory to create (default: ./runs/spoolrl-demo-XXXX)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"trainer steps (default {DEFAULT_STEPS})")
     p.add_argument("--resume", metavar="RUN", help="continue an interrupted demo run (as configured; --steps and "
@@ -67,6 +67,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="the run.seed it is for (tiny model and transcripts)")
     p.add_argument("--measure", type=int, default=64, metavar="N", help="sampled episodes to measure (0 = none)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the measurement")
+    p.add_argument("--system-prompt", choices=("brief", "full"), default="brief",
+                   help="the rollout.system_prompt the transcripts and the measurement use (default brief, the "
+                   "demo's; a run must use the one its warm start was fitted with)")
     p.set_defaults(func=_warm_start)
 
     p = sub.add_parser("report", help="plots, an HTML page and report.json for a run",

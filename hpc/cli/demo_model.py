@@ -15,16 +15,25 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 TRANSCRIPTS = 256
+DEMO_SYSTEM_PROMPT = "brief"  # the demo's rollout.system_prompt (hpc.cli.demo_run.DEMO_OVERRIDES)
 
 
-def warm_model(seed: int = 0, *, transcripts: int = TRANSCRIPTS, steps: int | None = None) -> Path:
-    """The cached warm-started tiny model for ``run.seed`` = ``seed``."""
+def warm_model(seed: int = 0, *, system_prompt: str = DEMO_SYSTEM_PROMPT, transcripts: int = TRANSCRIPTS,
+               steps: int | None = None) -> Path:
+    """The cached warm-started tiny model for ``run.seed`` = ``seed`` and ``rollout.system_prompt``.
+
+    Value-balanced: each drawn statement is written once with every value and a batch takes whole
+    sets, so before RL the values are exactly uniform for every statement (no value favoured, which
+    RL would otherwise amplify into a collapse)."""
+    from rollout_node.agent.prompts import SYSTEM_PROMPTS
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin.pick import VALUES
     from rollout_node.tasks.builtin.warm import transcripts as build_transcripts
     from train_node.infer.tiny import cached_tiny_model
     from train_node.infer.warm import WarmSpec, cached_warm_start
@@ -32,9 +41,10 @@ def warm_model(seed: int = 0, *, transcripts: int = TRANSCRIPTS, steps: int | No
     base = cached_tiny_model(seed=seed)
     template = ChatTemplate.from_model_dir(base)
     examples = [(t.token_ids, t.loss_mask) for t in
-                build_transcripts(template, load_tasks("builtin-pick"), transcripts, seed=seed)]
-    spec = WarmSpec(seed=seed) if steps is None else WarmSpec(seed=seed, steps=steps)
-    return cached_warm_start(base, examples, spec)
+                build_transcripts(template, load_tasks("builtin-pick"), transcripts, seed=seed, balanced=True,
+                                  system=SYSTEM_PROMPTS[system_prompt])]
+    spec = WarmSpec(seed=seed, group=len(VALUES))
+    return cached_warm_start(base, examples, spec if steps is None else dataclasses.replace(spec, steps=steps))
 
 
 class _LocalPolicy:
@@ -51,8 +61,9 @@ class _LocalPolicy:
         return Completion(token_ids=tuple(ids), logprobs=tuple(logps), versions=(0,) * len(ids))
 
 
-def expected_reward(model_dir: Path, temperature: float) -> dict[str, Any]:
+def expected_reward(model_dir: Path, temperature: float, system_prompt: str = DEMO_SYSTEM_PROMPT) -> dict[str, Any]:
     """Exact: the mean over instances of P(the named value) at ``temperature``, and the mass on the K values."""
+    from rollout_node.agent.prompts import SYSTEM_PROMPTS
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
@@ -61,7 +72,7 @@ def expected_reward(model_dir: Path, temperature: float) -> dict[str, Any]:
 
     template = ChatTemplate.from_model_dir(model_dir)
     tasks = load_tasks("builtin-pick")
-    prefixes = [value_prefix(template, t) for t in tasks]
+    prefixes = [value_prefix(template, t, system=SYSTEM_PROMPTS[system_prompt]) for t in tasks]
     probs = value_probabilities(model_dir, [p for p, _ in prefixes], prefixes[0][1], temperature)
     correct = [row[VALUES.index(answer_of(t))] for row, t in zip(probs, tasks, strict=True)]
     by_answer = {}  # answer the statement names -> mean probability of each value: no diagonal before RL
@@ -72,12 +83,13 @@ def expected_reward(model_dir: Path, temperature: float) -> dict[str, Any]:
             "mean_probs_by_answer": by_answer, "values": list(VALUES)}
 
 
-def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, seed: int = 0) -> dict[str, Any]:
+def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, seed: int = 0,
+            system_prompt: str = DEMO_SYSTEM_PROMPT) -> dict[str, Any]:
     """Sampled episodes through the real agent loop (tools: the sandbox's file tool on a copy of the repo)."""
     import random
 
     from rollout_node.agent.loop import AgentLoop
-    from rollout_node.agent.prompts import task_messages
+    from rollout_node.agent.prompts import SYSTEM_PROMPTS, task_messages
     from rollout_node.agent.template import ChatTemplate
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
@@ -92,9 +104,10 @@ def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, se
     for _ in range(episodes):
         task = rng.choice(tasks)
         tools.reset()
-        result = loop.run(task_messages(task.problem_statement), policy, tools)
+        result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[system_prompt]), policy, tools)
         ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
         well_formed += ok
         correct += ok and tools.written == answer_of(task)
     return {"episodes": episodes, "temperature": temperature, "well_formed_share": well_formed / episodes,
-            "sampled_reward": correct / episodes, **expected_reward(model_dir, temperature)}
+            "sampled_reward": correct / episodes, "system_prompt": system_prompt,
+            **expected_reward(model_dir, temperature, system_prompt)}

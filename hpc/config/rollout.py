@@ -28,6 +28,10 @@ class RolloutConfig:
         10, doc="a node whose episodes hit this many infrastructure faults in a row (no other outcome between) "
         "stops claiming, releases its tasks and exits non-zero (0 = never)", min=0, resumable=True,
     )
+    system_prompt: Literal["full", "brief"] = knob(
+        "full", doc="the agent's system prompt: 'full' (the role, the tool-call format and every tool's arguments) "
+        "or 'brief' (one line; for a model that already learnt the format, as the demo's warm start)",
+    )
     max_turns: int = knob(20, doc="agent turns per episode", min=1)
     max_tokens: int = knob(4096, doc="total token budget per episode (prompt + generations)", min=16)
     max_new_tokens_per_turn: int = knob(256, doc="tokens generated per turn", min=1)

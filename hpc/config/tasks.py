@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from hpc.config.base import knob, section
 
 # tasks.source names of the task sets shipped in rollout_node/tasks/builtin/ -> their file there.
@@ -25,7 +27,11 @@ class TasksConfig:
     repo_cache: str = knob("", doc="local mirror of task repositories ('' = RUN/repos for built-in tasks)",
                            resumable=True)
     epochs: int = knob(1, doc="passes over the task set", min=1, resumable=True)
-    shuffle_seed: int = knob(0, doc="seed of the per-epoch shuffle")
+    order: Literal["shuffle", "file"] = knob(
+        "shuffle", doc="order of each epoch: 'shuffle' (seeded by shuffle_seed, a new order every epoch) or 'file' "
+        "(the file's order every epoch: a curriculum, or batches the file balances; builtin-pick lists one "
+        "instance of each value in turn, so each step of groups_per_step = 4 holds every value once)")
+    shuffle_seed: int = knob(0, doc="seed of the per-epoch shuffle (tasks.order: shuffle)")
     eval_python: str = knob(
         "python3", doc="python that runs pytest inside the EVAL sandbox (the image's; for runtime: local give "
         "a host python with pytest, e.g. .venv/bin/python)", resumable=True,

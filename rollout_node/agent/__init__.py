@@ -8,7 +8,7 @@ Import map: :mod:`.template` (ChatML pieces as IDs), :mod:`.toolcall` (call form
 
 from rollout_node.agent.loop import AgentLimits, AgentLoop
 from rollout_node.agent.policy import Completion, Policy, SamplingParams
-from rollout_node.agent.prompts import SYSTEM_PROMPT, task_messages
+from rollout_node.agent.prompts import SYSTEM_PROMPT, SYSTEM_PROMPTS, task_messages
 from rollout_node.agent.result import EpisodeResult, TurnRecord
 from rollout_node.agent.seeds import EpisodeSeed, sampling_seed
 from rollout_node.agent.template import ChatTemplate, Message
@@ -16,7 +16,7 @@ from rollout_node.agent.toolcall import TOOL_DOCS, ParseError, ToolCall, format_
 from rollout_node.agent.tools import SandboxTools, ToolOutput, Tools
 
 __all__ = [
-    "SYSTEM_PROMPT", "TOOL_DOCS", "AgentLimits", "AgentLoop", "ChatTemplate", "Completion", "EpisodeResult", "EpisodeSeed",
-    "Message", "ParseError", "Policy", "SamplingParams", "SandboxTools", "ToolCall", "ToolOutput", "Tools",
+    "SYSTEM_PROMPT", "SYSTEM_PROMPTS", "TOOL_DOCS", "AgentLimits", "AgentLoop", "ChatTemplate", "Completion",
+    "EpisodeResult", "EpisodeSeed", "Message", "ParseError", "Policy", "SamplingParams", "SandboxTools", "ToolCall", "ToolOutput", "Tools",
     "TurnRecord", "format_tool_call", "parse_tool_call", "sampling_seed", "task_messages",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 from hpc.config import RunConfig
 from hpc.paths import RunPaths
 from rollout_node.agent import (
+    SYSTEM_PROMPTS,
     AgentLimits,
     AgentLoop,
     ChatTemplate,
@@ -67,6 +68,7 @@ class LLMPolicy:
         self.client = client or InferenceClient.from_config(config.inference, run_dir=paths.root)
         self.loop = AgentLoop(self.template, AgentLimits.from_config(config.rollout, config.inference))
         self.run_seed = config.run.seed
+        self.system = SYSTEM_PROMPTS[config.rollout.system_prompt]
         self._context_known = False
 
     def close(self) -> None:
@@ -91,7 +93,7 @@ class LLMPolicy:
         policy = _VersionTap(self.client.session(ctx.task_id), ctx)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
-        result = self.loop.run(task_messages(ctx.task.problem_statement or ctx.task_id), policy, tools, seed=seed,
+        result = self.loop.run(task_messages(ctx.task.problem_statement or ctx.task_id, system=self.system), policy, tools, seed=seed,
                                cancel=lambda _so_far: _stop_reason(ctx),
                                deadline=ctx.effective_deadline)
         ctx.transcript.replace(Transcript(token_ids=result.token_ids, loss_mask=result.loss_mask,

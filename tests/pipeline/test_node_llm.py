@@ -22,6 +22,7 @@ from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status
+from rollout_node.agent import SYSTEM_PROMPTS, ChatTemplate
 from rollout_node.pipeline.bindings import RealTaskOps
 from rollout_node.pipeline.llm import LLMPolicy
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
@@ -96,11 +97,13 @@ def run_against_server(paths: RunPaths, cfg: Any, tmp_path: Path, model: Path, *
     return url
 
 
-def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> None:
-    paths, cfg = make_run(tmp_path, tiny_model)
+@pytest.mark.parametrize("system_prompt", ["full", "brief"])
+def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path, system_prompt: str) -> None:
+    paths, cfg = make_run(tmp_path, tiny_model, f"rollout.system_prompt={system_prompt}")
     url = run_against_server(paths, cfg, tmp_path, tiny_model)
     groups = written(paths, cfg)
     assert sorted(groups) == sorted(IDS)
+    template = ChatTemplate.from_model_dir(tiny_model)
     for trajs in groups.values():
         assert sorted(t.sample_index for t in trajs) == [0, 1]
         for t in trajs:
@@ -108,6 +111,9 @@ def test_llm_episodes_through_the_pipeline(tmp_path: Path, tiny_model: Path) -> 
             gen = t.loss_mask == 1
             assert gen.sum() > 0 and (t.policy_versions[gen] == VERSION).all()
             assert t.prompt_len > 0 and t.metrics["servers"] == [url]
+            prompt = template.decode(t.token_ids[: t.prompt_len].tolist())  # rollout.system_prompt reached the agent
+            assert SYSTEM_PROMPTS[system_prompt][:40] in prompt
+            assert ('- bash {"command": str}' in prompt) == (system_prompt == "full")
     seeds = [t.sampling["seed"] for trajs in groups.values() for t in trajs]
     assert len(set(map(str, seeds))) == len(seeds)
 

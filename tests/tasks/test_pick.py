@@ -11,7 +11,7 @@ import pytest
 from hpc.config import SandboxConfig
 from rollout_node.tasks import ensure_builtin_repos, harness, load_tasks
 from rollout_node.tasks.builtin import PICK_JSONL, generate
-from rollout_node.tasks.builtin.pick import CONFIG, VALUES, answer_of, pick_specs, single_token_values
+from rollout_node.tasks.builtin.pick import CONFIG, REPEATS, VALUES, answer_of, pick_specs, single_token_values
 from rollout_node.tasks.instance import task_file
 from train_node.trainer.feeder import instance_ids_for
 
@@ -30,9 +30,12 @@ def test_selected_by_name_and_every_statement_names_its_own_answer() -> None:
     answers = [answer_of(t) for t in tasks]
     assert sorted(set(answers)) == sorted(VALUES) and len(VALUES) >= 4
     assert all(answers.count(v) == len(tasks) // len(VALUES) for v in VALUES)
+    k = len(VALUES)  # the file lists the values in turn: with tasks.order: file each step of k groups is balanced
+    assert all(sorted(answers[i:i + k]) == sorted(VALUES) for i in range(0, len(tasks), k)), answers
     for task, answer in zip(tasks, answers, strict=True):
         named = set(re.findall(r"`(\w+)`", task.problem_statement)) & set(VALUES)
         assert named == {answer}, (task.instance_id, task.problem_statement)
+        assert task.problem_statement.count(f"`{answer}`") >= REPEATS + 2  # named in the opening, asked, insisted on
         assert f'+AGGREGATE = "{answer}"' in task.patch and CONFIG in task.patch
     statements = {t.problem_statement.replace(f"`{answer_of(t)}`", "`?`") for t in tasks}
     assert len(statements) >= 4, "the openings must differ"

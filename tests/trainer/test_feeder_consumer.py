@@ -44,6 +44,8 @@ def test_feeder_ids_order_backpressure_and_resume(tmp_path: Path) -> None:
     assert f.task_at(0, 0)["task_id"] == f"{order0[0]}@e0"
     assert f.task_at(5, 0)["task_id"] == f"{epoch_order(ids, 7, 1)[0]}@e1"
     assert order0 != epoch_order(ids, 7, 1) and sorted(order0) == sorted(ids)
+    in_file_order = Feeder(ids, epochs=2, seed=7, group_size=4, max_outstanding=3, shuffle=False)  # tasks.order: file
+    assert [in_file_order.task_at(p, 0)["instance_id"] for p in range(10)] == ids + ids
     assert f.task_at(3, 9)["policy_version"] == 9 and f.task_at(3, 9)["group_size"] == 4
     # resume from a checkpoint taken at position 2: re-putting positions 2..4 is a no-op in the spool
     g = Feeder(ids, epochs=2, seed=7, group_size=4, max_outstanding=10)

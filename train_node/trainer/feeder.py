@@ -3,8 +3,9 @@ issued followed until the consumer resolves it.
 
 Guarantees:
 - Order: epoch ``e`` is the instance list (duplicate ids removed, first kept) shuffled by
-  ``random.Random(f"{shuffle_seed}:{e}")``; position ``p`` of the whole run is
-  ``(epoch, index) = divmod(p, len(instances))``.
+  ``random.Random(f"{shuffle_seed}:{e}")`` (``tasks.order: shuffle``), or as the file lists it in
+  every epoch (``tasks.order: file``: a curriculum, or batches the file's order balances); position
+  ``p`` of the whole run is ``(epoch, index) = divmod(p, len(instances))``.
 - Task ids are deterministic, ``f"{instance_id}@e{epoch}"``, so putting the same position twice
   (after a resume) is a no-op in the spool.
 - Backpressure: at most ``max_outstanding`` tasks are issued and not yet resolved (trained, or
@@ -59,9 +60,10 @@ class Resolutions(Protocol):
     def held_tasks(self) -> set[str]: ...
 
 
-def epoch_order(instance_ids: list[str], seed: int, epoch: int) -> list[str]:
+def epoch_order(instance_ids: list[str], seed: int, epoch: int, *, shuffle: bool = True) -> list[str]:
     order = list(instance_ids)
-    random.Random(f"{seed}:{epoch}").shuffle(order)
+    if shuffle:
+        random.Random(f"{seed}:{epoch}").shuffle(order)
     return order
 
 
@@ -82,6 +84,7 @@ class Feeder:
     group_size: int
     max_outstanding: int
     consumer_id: str = "trainer"
+    shuffle: bool = True  # False: every epoch in the file's order (tasks.order: file)
     next_position: int = 0
     outstanding: dict[str, int] = field(default_factory=dict)  # task id -> position
     reissues: dict[str, int] = field(default_factory=dict)
@@ -112,7 +115,7 @@ class Feeder:
     def task_at(self, position: int, policy_version: int) -> dict[str, Any]:
         epoch, index = divmod(position, len(self.instance_ids))
         if epoch not in self._orders:
-            self._orders[epoch] = epoch_order(self.instance_ids, self.seed, epoch)
+            self._orders[epoch] = epoch_order(self.instance_ids, self.seed, epoch, shuffle=self.shuffle)
         iid = self._orders[epoch][index]
         return TaskRecord(task_id=f"{iid}@e{epoch}", instance_id=iid, epoch=epoch, position=position,
                           group_size=self.group_size, policy_version=policy_version).to_json()

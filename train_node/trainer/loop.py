@@ -180,7 +180,8 @@ class Trainer:
         if not self.opt.instance_ids:
             return None
         f = Feeder(list(self.opt.instance_ids), self.cfg.tasks.epochs, self.cfg.tasks.shuffle_seed,
-                   self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding, consumer_id=CONSUMER_ID)
+                   self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding, consumer_id=CONSUMER_ID,
+                   shuffle=self.cfg.tasks.order == "shuffle")
         if meta:
             f.restore(meta["trainer_state"].get("feeder", {}))
         return f

@@ -11,8 +11,11 @@ What makes it learnable by a tiny model in minutes (and still a test of the whol
   backticks (a token of its own in the tiny tokenizer; :func:`single_token_values` checks it).
 - One canonical solution of two short turns (:func:`solution_calls`): a ``str_replace`` whose last
   argument is the value (a single token after a fixed prefix), then ``submit``.
-- Every statement ends with the same request naming the value (a fixed distance from the end of the
-  prompt); four openings phrase the rest differently and name the value once or twice more.
+- Every statement ends with the same request naming the value, then insists on it :data:`REPEATS`
+  times ("It must be `min`."); four openings phrase the rest differently and name the value once or
+  twice more. With the demo's one-line system prompt 10-11 of the 165-188 prompt tokens are the value:
+  that share, not wording about the value, is what lets the tiny model learn to read the statement
+  from RL within minutes (scripts/probe_pick_learning.py: ninth to eleventh sessions).
 A policy that ignores the statement scores 1/K in expectation.
 """
 
@@ -31,10 +34,12 @@ TEST_FILE = "tests/test_aggregate.py"
 # summarize([3, 9, 2, 6]) under each aggregate: four distinct answers, so a test tells them apart.
 SAMPLE = (3, 9, 2, 6)
 EXPECTED = {"min": 2, "max": 9, "first": 3, "last": 6}
-# Each statement ends with the same request, so the value sits at a fixed distance from the end of the
-# prompt (where a small model can learn to look); the openings differ and mention the value again.
-CLOSING = "Set `AGGREGATE` in summary/config.py to `{v}`.\n"
-PHRASINGS = tuple(opening + CLOSING for opening in (
+# Each statement ends with the same request and insistence, so the value sits at fixed distances from the
+# end of the prompt (where a small model can learn to look); the openings differ and mention the value again.
+CLOSING = "Set `AGGREGATE` in summary/config.py to `{v}`."
+REPEATS = 8
+INSISTENCE = " It must be `{v}`." * REPEATS
+PHRASINGS = tuple(opening + CLOSING + INSISTENCE + "\n" for opening in (
     "summarize() must report the `{v}`\n\n"
     "`summarize(values)` raises ValueError because the aggregate is still unset; it should be the `{v}`. ",
     "Reports need the `{v}` aggregate\n\nOur dashboards call `summarize()` and expect the `{v}` of each list. ",
@@ -51,12 +56,13 @@ def _test_source(value: str) -> str:
 
 
 def pick_specs() -> tuple[Spec, ...]:
-    """Every instance: K values x the phrasings, numbered value-major from 1."""
+    """Every instance: the phrasings x K values, numbered from 1 with the values in turn (1 ``min``, 2 ``max``,
+    ...), so K consecutive instances ask for every value once (``tasks.order: file`` balances each step)."""
     specs = []
-    for i, value in enumerate(VALUES):
-        for j, phrasing in enumerate(PHRASINGS):
+    for j, phrasing in enumerate(PHRASINGS):
+        for i, value in enumerate(VALUES):
             specs.append(Spec(
-                REPO, 1 + i * len(PHRASINGS) + j, phrasing.format(v=value),
+                REPO, 1 + j * len(VALUES) + i, phrasing.format(v=value),
                 ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
                 ((TEST_FILE, "", _test_source(value)),),
                 (f"{TEST_FILE}::test_summarize_reports_the_{value}",), p2p_files=("tests/test_report.py",)))
