@@ -30,7 +30,8 @@ class TasksConfig:
     order: Literal["shuffle", "file"] = knob(
         "shuffle", doc="order of each epoch: 'shuffle' (seeded by shuffle_seed, a new order every epoch) or 'file' "
         "(the file's order every epoch: a curriculum, or batches the file balances; builtin-pick lists one "
-        "instance of each value in turn, so each step of groups_per_step = 4 holds every value once)")
+        "instance of each value in turn, so with groups_per_step = trainer.max_tasks_outstanding = 4 each step "
+        "holds every value once: the rollout node claims outstanding tasks in any order)")
     shuffle_seed: int = knob(0, doc="seed of the per-epoch shuffle (tasks.order: shuffle)")
     eval_python: str = knob(
         "python3", doc="python that runs pytest inside the EVAL sandbox (the image's; for runtime: local give "
