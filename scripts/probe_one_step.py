@@ -49,6 +49,7 @@ def main() -> int:
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
     from rollout_node.tasks.builtin.warm import value_prefix
+    from train_node.infer.warm import choice_probabilities, format_rows, rows_by_answer
     from train_node.trainer.dist_env import resolve
     from train_node.trainer.engine import Engine, init_distributed, load_model
     from train_node.trainer.loss import group_advantages
@@ -84,14 +85,11 @@ def main() -> int:
     prefixes = [value_prefix(template, t, system=SYSTEM_PROMPTS[run_cfg.rollout.system_prompt]) for t in prompts]
     choices = prefixes[0][1]
 
+    answers = [VALUES.index(answer_of(t)) for t in prompts]
+
     def rows(model: torch.nn.Module) -> str:
-        table = torch.zeros(len(VALUES), len(VALUES))
-        counts = collections.Counter(answer_of(t) for t in prompts)
-        with torch.no_grad():
-            for (ids, _), t in zip(prefixes, prompts, strict=True):
-                probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1] / temperature, -1)[choices]
-                table[VALUES.index(answer_of(t))] += probs / counts[answer_of(t)]
-        return " ".join("[" + ",".join(f"{x:.2f}" for x in row) + "]" for row in table.tolist())
+        probs = choice_probabilities(model, [ids for ids, _ in prefixes], choices, temperature)
+        return format_rows(rows_by_answer(probs, answers))
 
     cfg = load_config(args.run / "run.yaml", [f"trainer.lr={args.lr}",
                                               f"trainer.micro_batch_tokens={args.micro_batch_tokens}"])

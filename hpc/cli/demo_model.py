@@ -68,17 +68,16 @@ def expected_reward(model_dir: Path, temperature: float, system_prompt: str = DE
     from rollout_node.tasks import load_tasks
     from rollout_node.tasks.builtin.pick import VALUES, answer_of
     from rollout_node.tasks.builtin.warm import value_prefix
-    from train_node.infer.warm import value_probabilities
+    from train_node.infer.warm import rows_by_answer, value_probabilities
 
     template = ChatTemplate.from_model_dir(model_dir)
     tasks = load_tasks("builtin-pick")
     prefixes = [value_prefix(template, t, system=SYSTEM_PROMPTS[system_prompt]) for t in tasks]
     probs = value_probabilities(model_dir, [p for p, _ in prefixes], prefixes[0][1], temperature)
-    correct = [row[VALUES.index(answer_of(t))] for row, t in zip(probs, tasks, strict=True)]
-    by_answer = {}  # answer the statement names -> mean probability of each value: no diagonal before RL
-    for a in VALUES:
-        rows = [r for r, t in zip(probs, tasks, strict=True) if answer_of(t) == a]
-        by_answer[a] = [round(sum(r[i] for r in rows) / len(rows), 3) for i in range(len(VALUES))]
+    answers = [VALUES.index(answer_of(t)) for t in tasks]
+    correct = [row[a] for row, a in zip(probs, answers, strict=True)]
+    # answer the statement names -> mean probability of each value: no diagonal before RL
+    by_answer = {a: [round(x, 3) for x in row] for a, row in zip(VALUES, rows_by_answer(probs, answers), strict=True)}
     return {"expected_reward": sum(correct) / len(correct), "value_mass": sum(map(sum, probs)) / len(probs),
             "mean_probs_by_answer": by_answer, "values": list(VALUES)}
 

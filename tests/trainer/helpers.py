@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from hpc.config import RunConfig, config_from_dict
 from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.trajectory import Status, Trajectory
+from train_node.trainer.dist_env import free_port
 
 VOCAB = 300
 T = TypeVar("T")
@@ -29,12 +29,6 @@ def with_flipped_advantages(loss_fn: Callable[..., T]) -> Callable[..., T]:
         return loss_fn(logp, behaviour_logp, -advantages, mask, **kwargs)
 
     return flipped
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tiny_model(path: Path, seed: int = 0, vocab: int = VOCAB) -> None:

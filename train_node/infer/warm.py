@@ -8,7 +8,8 @@ Guarantees:
   thread count); the output directory is an HF model dir (safetensors + the base's tokenizer files).
 - Cached under ``$SPOOLRL_CACHE/warm-models/<key>``, the key hashing the base model's files, every
   transcript ID and the spec; published atomically (built aside, then renamed).
-- :func:`value_probabilities` and :func:`sample` read a model for the caller's measurements.
+- :func:`value_probabilities` (:func:`choice_probabilities` for a model in memory), :func:`rows_by_answer`
+  and :class:`Sampler` read a model for the caller's measurements.
 """
 
 from __future__ import annotations
@@ -143,9 +144,14 @@ def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSp
 def value_probabilities(model_dir: str | Path, prefixes: Sequence[Sequence[int]], choices: Sequence[int],
                         temperature: float = 1.0) -> list[list[float]]:
     """For each prefix: the sampling probability (at ``temperature``) of each choice token as the next token."""
+    return choice_probabilities(_load(model_dir).eval(), prefixes, choices, temperature)
+
+
+def choice_probabilities(model: Any, prefixes: Sequence[Sequence[int]], choices: Sequence[int],
+                         temperature: float = 1.0) -> list[list[float]]:
+    """:func:`value_probabilities` of a model already in memory (one being trained, say)."""
     import torch
 
-    model = _load(model_dir).eval()
     out = []
     with torch.no_grad():
         for prefix in prefixes:
@@ -153,6 +159,24 @@ def value_probabilities(model_dir: str | Path, prefixes: Sequence[Sequence[int]]
             probs = torch.softmax(logits / temperature, dim=-1)
             out.append([float(probs[c]) for c in choices])
     return out
+
+
+def rows_by_answer(probs: Sequence[Sequence[float]], answers: Sequence[int]) -> list[list[float]]:
+    """Row ``a``: the mean of ``probs`` over the prefixes whose answer is choice ``a`` (P(each choice | asked a)).
+
+    Identical rows mean the model ignores what the prompt asks for; the diagonal's mean, weighted by how
+    often each answer is asked, is the expected reward."""
+    k = len(probs[0])
+    rows = []
+    for a in range(k):
+        mine = [p for p, ans in zip(probs, answers, strict=True) if ans == a]
+        rows.append([sum(p[i] for p in mine) / len(mine) if mine else 0.0 for i in range(k)])
+    return rows
+
+
+def format_rows(rows: Sequence[Sequence[float]]) -> str:
+    """``[0.25,0.25,...] [...]``: :func:`rows_by_answer` on one line."""
+    return " ".join("[" + ",".join(f"{x:.2f}" for x in row) + "]" for row in rows)
 
 
 class Sampler:
