@@ -11,7 +11,7 @@ claim must come from the demo (tests/e2e/test_learning.py).
     scripts/probe_pick_learning.py [--tie] [--lr 2e-4] [--group 16] [--steps 60] [--warm-steps 60] [--seed 0]
         [--tasks-per-step 4] [--random-tasks] [--kl 0.0] [--copy-init 0] [--oracle] [--format-every N]
         [--episodes [--min-entropy NATS] [--ptx COEF]] [--pretrain-read STEPS [--pretrain-call]] [--base DIR]
-        [--repeat N] [--rich] [--short-system] [--betas B1,B2] [--sgd] [--kl-full {off,reverse,forward}] [--balanced-warm]
+        [--repeat N] [--rich] [--short-system] [--betas B1,B2] [--sgd] [--kl-full {off,reverse,forward}] [--balanced-warm] [--warmup STEPS]
 
 Prints the exact expected reward (mean over the 16 instances of P(named value) at T) every 5 steps,
 and every 10 steps the mean probability of each value given each requested value (one row per
@@ -215,6 +215,13 @@ at 10, 0.56 at 18, 0.91 at 25, last 5 steps 0.91 for seed 0; seed 1 0.28 at 10, 
 0.39). With 10 tasks outstanding (steps of random composition, samples 1-2 versions stale) it does not
 (0.0-0.47 per step for 19 steps): ``scripts/probe_one_step.py`` shows why, one AdamW step at lr 3e-4
 moves the value distribution from uniform to ~0.84 on one value for every statement.
+Thirteenth session, same command as the twelfth's (30 steps, expected reward at step 30, seed 0 / seed 1):
+- ``--warmup 5`` (the lr rises over 5 steps, as ``trainer.warmup_steps``; the first AdamW steps are
+  sign-like, so this was the guess against the one-step swing): 0.663 / 0.659 (0.44 at step 10 in both).
+  Values still die early (seed 1 at step 10: P(`max`) 0.00 for every statement) and come back slowly.
+- ``--kl 0.3`` (forward): 0.827 / 0.469. Seed 0 reads cleanly (three diagonals 0.65-0.92), seed 1 puts
+  0.71-0.85 on one value for every statement at step 10 and has not recovered by 30.
+Neither is robust over seeds; one run per seed is not enough to rank them against kl 0.1 (0.735 for seed 0).
 """
 
 from __future__ import annotations
@@ -315,6 +322,9 @@ def main() -> None:
                     "tokens), in the warm start's transcripts too")
     ap.add_argument("--betas", default="0.9,0.999", metavar="B1,B2",
                     help="AdamW betas of the RL (or --oracle) steps; --pretrain-read keeps its own optimizer")
+    ap.add_argument("--warmup", type=int, default=0, metavar="STEPS",
+                    help="raise the lr linearly over the first STEPS RL steps (trainer.warmup_steps: step s at "
+                    "lr * min(1, s / STEPS))")
     ap.add_argument("--sgd", action="store_true",
                     help="SGD with momentum 0.9 instead of AdamW for the RL (or --oracle) steps (--lr is its step "
                     "size); --pretrain-read keeps its own optimizer")
@@ -348,7 +358,7 @@ def main() -> None:
     from rollout_node.tasks.builtin.pick import CLOSING, VALUES, answer_of
     from rollout_node.tasks.builtin.warm import transcripts, value_prefix
     from train_node.infer.tiny import cached_tiny_model
-    from train_node.infer.warm import WarmSpec, cached_warm_start
+    from train_node.infer.warm import WarmSpec, cached_warm_start, choice_probabilities, format_rows, rows_by_answer
 
     torch.manual_seed(args.seed)
     base = args.base or cached_tiny_model(seed=args.seed, tie_embeddings=args.tie, copy_init=args.copy_init)
@@ -393,13 +403,9 @@ def main() -> None:
 
     def expected() -> tuple[float, str]:
         """(the expected reward, P(each value | each requested value) as rows)."""
-        rows = torch.zeros(len(VALUES), len(VALUES))
-        with torch.no_grad():
-            for (p, _), a in zip(prefixes, answers, strict=True):
-                probs = torch.softmax(model(input_ids=torch.tensor([p])).logits[0, -1] * t_inv, -1)[choices]
-                rows[a] += probs / len(by_value[a])
-        shown = " ".join("[" + ",".join(f"{x:.2f}" for x in row) + "]" for row in rows.tolist())
-        return float(rows.diagonal().mean()), shown
+        probs = choice_probabilities(model, [p for p, _ in prefixes], choices, args.temperature)
+        table = rows_by_answer(probs, answers)
+        return sum(table[a][a] * len(by_value[a]) for a in by_value) / len(answers), format_rows(table)
 
     reward, rows = expected()
     print(f"step 0: expected reward {reward:.3f}  {rows}", flush=True)
@@ -429,6 +435,7 @@ def main() -> None:
                 loss = loss + args.kl * (d.exp() - d - 1).sum()
         (loss / (len(batch) * args.group)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        warm_lr(opt, args, step)
         opt.step()
         if args.format_every and step % args.format_every == 0:
             print(f"step {step}: well-formed share {well_formed(model, warm, args.temperature):.2f}", flush=True)
@@ -523,6 +530,7 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
             for ids, keep in (ptx[ptx_rng.randrange(len(ptx))] for _ in range(16)):
                 (args.ptx * -sampled_logps(model, ids, keep)[1].mean() / 16).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        warm_lr(opt, args, step)
         opt.step()
         n = len(episodes)
         line = (f"step {step}: batch reward {paid / n:.2f} well-formed "
@@ -531,6 +539,13 @@ def train_episodes(model: Any, opt: Any, template: Any, tasks: list[Any], args: 
             reward, rows = expected()
             line += f"  expected reward {reward:.3f}  {rows if step % 10 == 0 else ''}"
         print(line, flush=True)
+
+
+def warm_lr(opt: Any, args: argparse.Namespace, step: int) -> None:
+    """Set step ``step``'s (1-based) lr as the trainer's ``warmup_steps`` schedule does."""
+    if args.warmup:
+        for g in opt.param_groups:
+            g["lr"] = args.lr * min(1.0, step / args.warmup)
 
 
 OPENINGS = ("{f} has the wrong {lk}\n\nThe `{k}` setting is still unset; it should be `{v}`. ",
