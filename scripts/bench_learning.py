@@ -8,15 +8,16 @@ from the same warm-started model, one after the other, with the same steps and s
   value: the rollout node claims outstanding tasks in random order), samples up to ``algorithm.max_staleness`` versions old are trained (with the importance
   correction), the next batch is prepared while a step trains (``trainer.prefetch``).
 - sync: every batch is sampled from the current policy: the feeder issues one step's tasks at a time
-  (``trainer.max_tasks_outstanding = algorithm.groups_per_step``), no prefetch, staleness 0 on both sides
-  (``algorithm.max_staleness = rollout.max_staleness = 0``); rollouts therefore pause while the trainer steps.
+  (``trainer.max_tasks_outstanding = algorithm.groups_per_step``), no prefetch, staleness 0
+  (``algorithm.max_staleness = 0``, the one limit both sides obey); rollouts therefore pause while the
+  trainer steps.
 
 "Reached 0.8" = the first step at which the mean reward of the last 3 steps is >= 0.8; time is counted from
 the trainer's start (model load and warm start excluded, the same in both arms). Printed per arm: time and
 steps to 0.8, final reward (mean of the last 5 steps), trainer idle fraction, episodes per minute; then the
 ratio sync/async of the times to 0.8. One JSON line per arm and one summary line on stdout.
 
-    .venv/bin/python scripts/bench_learning.py [--steps 30] [--seed 0] [--out DIR] [key=value ...]
+    .venv/bin/python scripts/bench_learning.py [--steps 30] [--seed 0] [--out DIR [--reuse]] [key=value ...]
 """
 
 from __future__ import annotations
@@ -44,8 +45,26 @@ def async_overrides(groups_per_step: int) -> list[str]:
 
 
 def sync_overrides(groups_per_step: int) -> list[str]:
-    return [f"trainer.max_tasks_outstanding={groups_per_step}", "trainer.prefetch=false",
-            "algorithm.max_staleness=0", "rollout.max_staleness=0"]
+    return [f"trainer.max_tasks_outstanding={groups_per_step}", "trainer.prefetch=false", "algorithm.max_staleness=0"]
+
+
+def arm_overrides(seed: int, groups_per_step: int, extra: list[str]) -> dict[str, list[str]]:
+    """Each arm's ``spoolrl demo`` overrides, in the order the arms run."""
+    common = [f"run.seed={seed}", f"algorithm.groups_per_step={groups_per_step}", *extra]
+    return {"async": [*common, *async_overrides(groups_per_step)], "sync": [*common, *sync_overrides(groups_per_step)]}
+
+
+def check_arms(arms: dict[str, list[str]], steps: int) -> None:
+    """Both arms' configs, validated as the demo will, before the first ~12-minute arm starts."""
+    from hpc.cli.demo_run import DEMO_OVERRIDES
+    from hpc.config import load_config
+    from hpc.errors import ConfigError
+
+    for name, overrides in arms.items():
+        try:
+            load_config(None, [*DEMO_OVERRIDES, f"trainer.total_steps={steps}", *overrides])
+        except ConfigError as exc:
+            raise SystemExit(f"bench_learning: the {name} arm's config is invalid: {exc}") from exc
 
 
 def arm_figures(run: Path) -> dict[str, Any]:
@@ -71,8 +90,12 @@ def arm_figures(run: Path) -> dict[str, Any]:
     }
 
 
-def run_arm(name: str, out: Path, steps: int, overrides: list[str]) -> dict[str, Any]:
+def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool = False) -> dict[str, Any]:
     run = out / name
+    if reuse and (run / "run.yaml").is_file() and arm_figures(run)["steps"] >= steps:
+        figures = {"arm": name, "run": str(run), "reused": True, **arm_figures(run)}
+        print(json.dumps(figures), flush=True)
+        return figures
     cmd = [sys.executable, "-m", "hpc.cli", "demo", "--out", str(run), "--steps", str(steps), *overrides]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -89,13 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--groups-per-step", type=int, default=4, help="groups per trainer step (default 4, the demo's)")
     parser.add_argument("--out", type=Path, help="where the two runs go (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="an arm whose directory under --out already holds a finished run of --steps steps is "
+                        "read, not run again (to finish a bench that stopped in its second arm)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for both arms")
     args = parser.parse_args(argv)
+    overrides = arm_overrides(args.seed, args.groups_per_step, args.overrides)
+    check_arms(overrides, args.steps)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-"))
-    common = [f"run.seed={args.seed}", f"algorithm.groups_per_step={args.groups_per_step}", *args.overrides]
-    arms = [run_arm("async", out, args.steps, [*common, *async_overrides(args.groups_per_step)]),
-            run_arm("sync", out, args.steps, [*common, *sync_overrides(args.groups_per_step)])]
-    a, s = arms
+    if args.reuse and not args.out:
+        parser.error("--reuse reads earlier arms from --out DIR: give --out")
+    a, s = (run_arm(name, out, args.steps, arm, args.reuse) for name, arm in overrides.items())
     ratio = (s["time_to_target_s"] / a["time_to_target_s"]
              if a["time_to_target_s"] and s["time_to_target_s"] else None)
     print(json.dumps({"bench": "learning", "target": TARGET, "async_time_s": a["time_to_target_s"],
