@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                         "read, not run again (to finish a bench that stopped in its second arm)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for both arms")
     args = parser.parse_args(argv)
+    if args.reuse and not args.out:
+        parser.error("--reuse reads earlier arms from --out DIR: give --out")
     overrides = arm_overrides(args.seed, args.groups_per_step, args.overrides)
     check_arms(overrides, args.steps)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-"))
-    if args.reuse and not args.out:
-        parser.error("--reuse reads earlier arms from --out DIR: give --out")
     a, s = (run_arm(name, out, args.steps, arm, args.reuse) for name, arm in overrides.items())
     ratio = (s["time_to_target_s"] / a["time_to_target_s"]
              if a["time_to_target_s"] and s["time_to_target_s"] else None)
