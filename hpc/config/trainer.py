@@ -18,6 +18,9 @@ class TrainerConfig:
     lr: float = knob(1e-6, doc="peak learning rate", min=0.0)
     weight_decay: float = knob(0.0, doc="AdamW weight decay", min=0.0)
     warmup_steps: int = knob(0, doc="linear warm-up steps", min=0)
+    freeze_embeddings: bool = knob(False, doc="train neither the input embeddings nor the output head (lm_head): "
+                                   "the rest of the model learns to read, while the logits' common mode can no "
+                                   "longer swing a whole step's worth of Adam per token row")
     grad_clip: float = knob(1.0, doc="gradient-norm clipping (0 = off)", min=0.0)
     max_seq_len: int = knob(8192, doc="longer trajectories are dropped (reason 'too_long')", min=8)
     activation_checkpointing: bool = knob(False, doc="recompute activations in backward (long sequences)")

@@ -65,6 +65,32 @@ def test_published_policy_loads_and_equals_trained_weights(tmp_path: Path) -> No
     assert not torch.equal(initial.state_dict()["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
 
 
+def test_freeze_embeddings_trains_the_rest_and_resumes(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 2, "freeze_embeddings": True})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(8))
+    t = _trainer(paths.root, cfg)
+    assert t.run() == 0
+    frozen = {id(p) for p in t.engine.module.parameters() if not p.requires_grad}
+    assert frozen and all(id(p) not in frozen for g in t.engine.optimizer.param_groups for p in g["params"])
+    initial = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(0))).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(2))).state_dict()
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        if key in initial:
+            assert torch.equal(initial[key], after[key]), key
+    changed = [k for k in initial if not torch.equal(initial[k], after[k])]
+    assert changed and all("embed_tokens" not in k and "lm_head" not in k for k in changed)
+    # the checkpoint resumes with the frozen layout (the optimizer state holds no frozen parameter)
+    cfg3 = run_config(trainer={"total_steps": 3, "checkpoint_every": 2, "freeze_embeddings": True})
+    t3 = _trainer(paths.root, cfg3)
+    assert t3.run() == 0
+    assert [s["step"] for s in read_metrics(paths.root, "train_step")] == [1, 2, 3]
+    final = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(3))).state_dict()
+    assert torch.equal(initial["model.embed_tokens.weight"], final["model.embed_tokens.weight"])
+
+
 def test_corrupt_shard_is_quarantined_and_training_continues(tmp_path: Path) -> None:
     cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 1})
     paths = make_run(tmp_path / "run", cfg)

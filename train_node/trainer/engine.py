@@ -10,6 +10,8 @@ Guarantees:
 - The optimizer is a client ``torch.optim.AdamW`` (no JIT build of DeepSpeed's fused Adam) and the
   schedule a client ``LambdaLR`` (linear warm-up, then constant); both are saved in checkpoints.
 - CPU (tests, demo): gloo, fp32; GPU: NCCL, bf16. fp16 is refused by the config already.
+- ``trainer.freeze_embeddings``: the input embeddings and lm_head get no gradient and are not in the
+  optimizer; they are still in every checkpoint and published policy (unchanged).
 """
 
 from __future__ import annotations
@@ -138,6 +140,22 @@ def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Mod
     return both[0], both[1]
 
 
+def freeze_embeddings(model: torch.nn.Module) -> int:
+    """Stop training the input embeddings and the output head (``trainer.freeze_embeddings``); returns the number
+    of parameters frozen. Tied weights are one parameter, frozen once."""
+    frozen = 0
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        get = getattr(model, getter, None)
+        layer = get() if callable(get) else None
+        if layer is None:
+            raise ValueError(f"trainer.freeze_embeddings: the model has no {getter.split('_', 1)[1]} "
+                             f"({type(model).__name__}.{getter}() returned nothing); set it to false")
+        for p in layer.parameters():
+            frozen += p.numel() if p.requires_grad else 0
+            p.requires_grad_(False)
+    return frozen
+
+
 def _decoder_and_head(module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     get_decoder, get_head = getattr(module, "get_decoder", None), getattr(module, "get_output_embeddings", None)
     decoder = get_decoder() if callable(get_decoder) else None
@@ -202,7 +220,10 @@ class Engine:
 
         self.tcfg = tcfg
         self.params = LossParams.from_config(acfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+        if tcfg.freeze_embeddings:
+            freeze_embeddings(model)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr,
+                                      weight_decay=tcfg.weight_decay)
         warmup = tcfg.warmup_steps
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
