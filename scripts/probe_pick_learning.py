@@ -251,6 +251,10 @@ brackets):
   not the probe's 0.903 (0.935). In the loop as in the probe one trainer step can swing the policy onto a single
   value for every statement; whether a run recovers depends on the sampling realisation (chaotic, not a
   smooth function of the settings), so one run per setting ranks nothing.
+- in that seed-0 loop run the reward fell to 0.22 / 0.19 right after steps whose gradient norm was 0.5-1.0
+  (against ~0.1 on most steps; trainer.grad_clip 1.0 never binds) and the KL rose to 0.14-0.23. Clipping the
+  spikes (``trainer.grad_clip=0.15``, seed 1, same 8 x 4 frozen) did not help: 0.26 -> 0.33, the policy stuck
+  at 0.19-0.25 from step 16 on, after a clipped spike at step 15 (norm 0.65).
 - ``--head-lr 0`` at 16 x 2 (four tasks per value, the same 32 episodes a step): 0.717 / 0.713 at step 30
   (0.533 / 0.492 at 20), below 8 x 4's 0.935 / 0.903, and ~32 s a step here side by side against ~10 s
   (16 distinct prompts a step). More tasks per step with smaller groups do not buy a steadier rise.
