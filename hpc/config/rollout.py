@@ -24,6 +24,10 @@ class RolloutConfig:
                                 min=1.0)
     eval_timeout_s: float = knob(600.0, doc="time limit inside EVAL (the test run)", min=1.0)
     max_retries: int = knob(2, doc="retries of an episode after an infrastructure failure", min=0)
+    eval_dedup: bool = knob(
+        True, doc="EVAL each distinct diff of a group once: samples of the group that end with the same diff share "
+        "its result (only within the group; false: every sample runs the tests, e.g. to draw a flaky suite anew)",
+    )
     max_consecutive_infra_faults: int = knob(
         10, doc="a node whose episodes hit this many infrastructure faults in a row (no other outcome between) "
         "stops claiming, releases its tasks and exits non-zero (0 = never)", min=0, resumable=True,

@@ -18,6 +18,7 @@ import numpy as np
 
 from hpc.records import TaskRecord
 from hpc.trajectory import Status, Trajectory
+from rollout_node.pipeline.evalshare import SharedEvals
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
 
@@ -37,6 +38,7 @@ class Group:
     closed: bool = False  # written or released: late reports are dropped
     started: bool = False  # an episode of it entered INIT (a drain releases unstarted groups at once)
     cancel: str | None = None
+    evals: SharedEvals = field(default_factory=SharedEvals)  # one EVAL per distinct diff (rollout.eval_dedup)
 
     @property
     def group_id(self) -> str:

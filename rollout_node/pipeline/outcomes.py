@@ -184,6 +184,7 @@ class NodeBase:
         self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": ep.attempt,
                               "status": traj.status.value, "reward": traj.reward, "timings": traj.timings,
                               "tokens": traj.num_tokens, "generated_tokens": traj.num_generated,
+                              "eval_shared": bool(ep.metrics.get("eval_shared", False)),
                               "error": ep.metrics.get("error", "")})
         with self.lock:
             self.live.discard(ep)

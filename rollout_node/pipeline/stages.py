@@ -172,6 +172,16 @@ class Stages:
             tries += 1
 
     def _evaluate_once(self, ep: Episode) -> EvalOutcome:
+        if self.rollout.eval_dedup:
+            outcome, shared = ep.group.evals.evaluate(ep.diff, lambda: self._run_eval(ep))
+        else:
+            outcome, shared = self._run_eval(ep), False
+        if not shared:
+            return EvalOutcome(outcome.reward, outcome.status, {**outcome.details, "eval_shared": False})
+        # the tests ran once for this diff in this group (rollout_node.pipeline.evalshare); none ran for this sample
+        return EvalOutcome(outcome.reward, outcome.status, {**outcome.details, "eval_shared": True, "eval_s": 0.0})
+
+    def _run_eval(self, ep: Episode) -> EvalOutcome:
         scratch = self.scratch / "eval"
         scratch.mkdir(parents=True, exist_ok=True)
         try:

@@ -96,6 +96,25 @@ def test_tampering_agents_score_zero(tmp_path: Path, tamper: str) -> None:
         assert t.metrics["diff_bytes"] > 0, "the tampering really changed the work dir"
 
 
+@pytest.mark.parametrize("dedup", [True, False])
+def test_a_group_evaluates_each_distinct_diff_once(tmp_path: Path, dedup: bool) -> None:
+    """rollout.eval_dedup: the samples of a group that end with the same diff share one real EVAL (the fix
+    and the tampering alike), each group runs its own; off, every sample runs the tests."""
+    fix, cheat = "spoolrl__intervals-1", "spoolrl__textkit-2"
+    paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={cheat}@e0=tamper_test;*=gold", "algorithm.group_size=3",
+                          "algorithm.drop_zero_variance=false", f"rollout.eval_dedup={str(dedup).lower()}")
+    Spool(paths.root, cfg.spool).put_tasks(by_reference([fix, cheat], 3))
+    run_node(paths, cfg, tmp_path)
+    groups = written(paths, cfg)
+    for iid, reward in ((fix, 1.0), (cheat, 0.0)):
+        trajs = groups[f"{iid}@e0"]
+        assert [(t.status, t.reward) for t in trajs] == [(Status.OK, reward)] * 3, iid
+        assert len({t.metrics["diff"] for t in trajs}) == 1, "the scripted samples of a group write one diff"
+        shared = sorted(bool(t.metrics["eval_shared"]) for t in trajs)
+        assert shared == ([False, True, True] if dedup else [False] * 3), iid
+        assert all(t.metrics["eval_status"] == "ok" for t in trajs)
+
+
 def test_fault_table_rows_on_real_sandboxes_and_harness(tmp_path: Path) -> None:
     """Each row injected for real: the sandbox killed under the agent, a sandbox that cannot start,
     a hung tool, an episode past run_timeout_s, a harness that fails, an inference failure."""
