@@ -17,7 +17,7 @@ the trainer's start (model load and warm start excluded, the same in both arms).
 steps to 0.8, final reward (mean of the last 5 steps), trainer idle fraction, episodes per minute; then the
 ratio sync/async of the times to 0.8. One JSON line per arm and one summary line on stdout.
 
-    .venv/bin/python scripts/bench_learning.py [--steps 30] [--seed 0] [--out DIR [--reuse]] [key=value ...]
+    .venv/bin/python scripts/bench_learning.py [--steps 40] [--seed 0] [--out DIR [--reuse]] [key=value ...]
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40, help="trainer steps per arm (default 40, the demo's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--groups-per-step", type=int, default=4, help="groups per trainer step (default 4, the demo's)")
     parser.add_argument("--out", type=Path, help="where the two runs go (default: a temporary directory)")

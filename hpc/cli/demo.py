@@ -8,7 +8,7 @@ from typing import Any
 
 from hpc.cli.util import add_run_arg, print_json
 
-DEFAULT_STEPS = 30  # = hpc.cli.demo_run.DEFAULT_STEPS (imported only when the verb runs)
+DEFAULT_STEPS = 40  # = hpc.cli.demo_run.DEFAULT_STEPS (imported only when the verb runs)
 
 
 def _demo(args: argparse.Namespace) -> int:

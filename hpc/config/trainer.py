@@ -18,6 +18,12 @@ class TrainerConfig:
     lr: float = knob(1e-6, doc="peak learning rate", min=0.0)
     weight_decay: float = knob(0.0, doc="AdamW weight decay", min=0.0)
     warmup_steps: int = knob(0, doc="linear warm-up steps", min=0)
+    target_kl: float = knob(
+        0.0, doc="adaptive lr (0 = off): after each step the trainer measures how far it moved the policy (mean "
+        "per-sample KL between before and after, on the batch it trained; one more forward pass) and scales the "
+        "next step's lr down by 1.5 above twice this, up by 1.5 below half of it, never above trainer.lr; the first "
+        "steps start at lr / 11", min=0.0,
+    )
     freeze_embeddings: bool = knob(False, doc="train neither the input embeddings nor the output head (lm_head): "
                                    "the rest of the model learns to read, while the logits' common mode can no "
                                    "longer swing a whole step's worth of Adam per token row")

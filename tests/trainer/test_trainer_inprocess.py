@@ -91,6 +91,36 @@ def test_freeze_embeddings_trains_the_rest_and_resumes(tmp_path: Path) -> None:
     assert torch.equal(initial["model.embed_tokens.weight"], final["model.embed_tokens.weight"])
 
 
+def test_target_kl_scales_the_lr_by_the_measured_step_and_a_resume_keeps_the_scale(tmp_path: Path) -> None:
+    """trainer.target_kl: each step's KL(before || after) is measured on its batch and logged; a target far below
+    it shrinks the next lr by 1.5 every step, from lr x START_SCALE, and the checkpoint carries the scale."""
+    from train_node.trainer.lrschedule import FACTOR, START_SCALE
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 2, "lr": 1e-2, "target_kl": 1e-12})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(8))
+    assert _trainer(paths.root, cfg).run() == 0
+    cfg3 = run_config(trainer={"total_steps": 3, "checkpoint_every": 2, "lr": 1e-2, "target_kl": 1e-12})
+    assert _trainer(paths.root, cfg3).run() == 0
+    steps = list(read_metrics(paths.root, "train_step"))
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["step_kl"] > 0 for s in steps), "every step moved the policy, and the move was measured"
+    expected = [1e-2 * START_SCALE / FACTOR**k for k in range(3)]
+    assert [s["lr"] for s in steps] == pytest.approx(expected, rel=1e-9)
+
+
+def test_target_kl_grows_the_lr_up_to_its_peak_when_steps_move_little(tmp_path: Path) -> None:
+    from train_node.trainer.lrschedule import FACTOR, START_SCALE
+
+    cfg = run_config(trainer={"total_steps": 3, "checkpoint_every": 10, "lr": 1e-6, "target_kl": 1e6})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(6))
+    assert _trainer(paths.root, cfg).run() == 0
+    steps = list(read_metrics(paths.root, "train_step"))
+    assert [s["lr"] for s in steps] == pytest.approx([1e-6 * min(1.0, START_SCALE * FACTOR**k) for k in range(3)])
+    assert all(0 <= s["step_kl"] < 1e-3 for s in steps)
+
+
 def test_corrupt_shard_is_quarantined_and_training_continues(tmp_path: Path) -> None:
     cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 1})
     paths = make_run(tmp_path / "run", cfg)

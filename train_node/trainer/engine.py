@@ -30,6 +30,7 @@ from hpc.config import AlgorithmConfig, TrainerConfig
 from train_node.trainer.dist_env import DistEnv
 from train_node.trainer.faults import fault_point
 from train_node.trainer.loss import LossParams, LossSums, forward_kl, policy_loss, token_logprobs
+from train_node.trainer.lrschedule import LrSchedule, apply_now, sequence_kl
 from train_node.trainer.packing import MicroBatch
 
 
@@ -206,9 +207,10 @@ HEAD_CHUNK_TOKENS = 1024
 class StepResult:
     sums: LossSums
     grad_norm: float | None  # None: not computed (grad_clip 0 at ZeRO-0 fp32); never NaN
-    lr: float
+    lr: float  # the lr this step trained with
     tokens: int
     seconds: float
+    step_kl: float | None = None  # mean per-sample KL(before || after the step); None without trainer.target_kl
 
 
 class Engine:
@@ -224,9 +226,8 @@ class Engine:
             freeze_embeddings(model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr,
                                       weight_decay=tcfg.weight_decay)
-        warmup = tcfg.warmup_steps
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.schedule = LrSchedule(tcfg.warmup_steps, tcfg.target_kl)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=schedule,
             config=ds_config(tcfg, load_universal=load_universal))
@@ -309,6 +310,7 @@ class Engine:
         assert total > 0, "the planner never emits a step without loss tokens"
         sums = LossSums()
         self.ds.train()
+        before: list[torch.Tensor] = []  # the policy's logprobs before the step (trainer.target_kl)
         for mb in micro_batches:
             t = self._tensors(mb)
             ref, fkl = None, None
@@ -320,12 +322,31 @@ class Engine:
                                   total_tokens=total, ref_logp=ref, staleness=t["staleness"], forward_kl_tokens=fkl)
             self.ds.backward(loss * self.world, scale_wrt_gas=False)
             sums.add(s)
+            if self.schedule.target_kl > 0:
+                before.append(logp.detach())
         fault_point("step")
+        lr = float(self.scheduler.get_last_lr()[0])  # the lr of this step (ds.step() sets the next one)
         self.ds.step()
         summed = self._all_reduce_sums(sums)
-        return StepResult(sums=summed, grad_norm=self._grad_norm(),
-                          lr=float(self.scheduler.get_last_lr()[0]), tokens=sum(mb.num_tokens for mb in micro_batches),
-                          seconds=time.perf_counter() - t0)
+        step_kl = self._step_kl(micro_batches, before) if self.schedule.target_kl > 0 else None
+        if step_kl is not None:
+            self.schedule.observe(step_kl)
+            apply_now(self.scheduler, self.schedule)
+        return StepResult(sums=summed, grad_norm=self._grad_norm(), lr=lr,
+                          tokens=sum(mb.num_tokens for mb in micro_batches), seconds=time.perf_counter() - t0,
+                          step_kl=step_kl)
+
+    def _step_kl(self, micro_batches: list[MicroBatch], before: list[torch.Tensor]) -> float:
+        """Collective: the mean per-sample KL(before || after this step) over the step's samples, on every
+        rank (one more forward pass over the batch; see :mod:`train_node.trainer.lrschedule`)."""
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        with torch.no_grad():
+            for mb, old in zip(micro_batches, before, strict=True):
+                t = self._tensors(mb)
+                totals[0] += sequence_kl(old, self.logprobs(self.ds, t), t["mask"])
+                totals[1] += len(mb.trajectory_ids)
+        tdist.all_reduce(totals)
+        return float(totals[0] / max(float(totals[1]), 1.0))
 
     @property
     def _forward_kl(self) -> bool:
@@ -361,4 +382,7 @@ class Engine:
         path, client_state = self.ds.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint under {load_dir} (tag {tag})")
+        # the checkpoint restores the KL controller's scale; the settings stay this run's
+        self.schedule.warmup_steps, self.schedule.target_kl = self.tcfg.warmup_steps, self.tcfg.target_kl
+        apply_now(self.scheduler, self.schedule)
         return dict(client_state or {})

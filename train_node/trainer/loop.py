@@ -332,7 +332,7 @@ class Trainer:
             weight_mean=s.weight / max(s.tokens, 1), by_staleness=s.by_staleness(), masked_samples=batch.masked,
             **({"grad_norm": r.grad_norm} if r.grad_norm is not None else
                {"grad_norm_absent": "trainer.grad_clip is 0 at ZeRO-0: DeepSpeed computes no norm"}),
-            lr=r.lr,
+            lr=r.lr, **({"step_kl": r.step_kl} if r.step_kl is not None else {}),
             step_s=r.seconds, tokens=plan.total_tokens, tokens_per_s=plan.total_tokens / max(r.seconds, 1e-9),
             packing_efficiency=plan.packing_efficiency, micro_batches=len(plan.per_rank[0]),
             groups=len(batch.groups), samples=len(batch.samples),
