@@ -154,7 +154,9 @@ class RealTaskOps:
                           timeout_s=timeout_s)
         details = {"eval_status": result.status, "eval_s": round(result.duration_s, 3),
                    "tests_passed": sum(v == "PASSED" for v in result.outcomes.values()),
-                   "tests_total": len(result.outcomes), "diff_applied": result.diff_applied}
+                   "tests_total": len(result.outcomes), "diff_applied": result.diff_applied,
+                   # False: the runner ended without its whole result frame (killed, or the code under test)
+                   "results_read": not any(f.startswith("results:") for f in result.flags)}
         if result.infrastructure_failure:
             return EvalOutcome(None, Status.HARNESS_ERROR, {**details, "error": result.error})
         # A test run past its time limit is the agent's code's fault (e.g. an endless loop): reward 0.

@@ -9,8 +9,11 @@ Guarantees:
 - Keyed by the SHA-256 of the exact diff bytes, inside one group (one task): two diffs that differ in
   any byte are evaluated separately; nothing is shared across groups, tasks or policy versions, so a
   lucky pass of a flaky test is never replayed beyond the samples drawn beside it.
-- Only a conclusive result is shared (the harness scored it: ``ok`` or ``timeout``); after an
-  infrastructure failure the next sample with that diff evaluates again.
+- Only a result the harness read in full is shared (``ok`` or ``timeout``, and for ``ok`` the runner's
+  authenticated result frame: see ``shareable``). After an infrastructure failure, or a runner that ended
+  without its frame (killed by the step's SIGTERM before the node heard it, by the OOM killer, or by the
+  code under test), the next sample with that diff evaluates again: one interrupted run never becomes
+  the reward of every sample that wrote the same fix.
 - A second worker that meets a diff being evaluated waits for that result instead of running the
   tests twice (it holds no CPU while it waits).
 """
@@ -38,8 +41,11 @@ class SharedEvals:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
 
-    def evaluate(self, diff: str, run: Callable[[], EvalOutcome]) -> tuple[EvalOutcome, bool]:
-        """(the outcome for ``diff``, whether it was shared rather than run here)."""
+    def evaluate(self, diff: str, run: Callable[[], EvalOutcome],
+                 shareable: Callable[[EvalOutcome], bool] = lambda o: not o.status.infrastructure,
+                 ) -> tuple[EvalOutcome, bool]:
+        """(the outcome for ``diff``, whether it was shared rather than run here); an outcome that is not
+        ``shareable`` is returned to its own sample only."""
         key = hashlib.sha256(diff.encode("utf-8", errors="surrogateescape")).hexdigest()
         with self._lock:
             entry = self._entries.setdefault(key, _Entry())
@@ -47,7 +53,7 @@ class SharedEvals:
             if entry.outcome is not None:
                 return entry.outcome, True
             outcome = run()
-            if not outcome.status.infrastructure:
+            if shareable(outcome):
                 entry.outcome = outcome
             return outcome, False
 

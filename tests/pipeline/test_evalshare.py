@@ -67,3 +67,19 @@ def test_groups_share_nothing() -> None:
     lucky, unlucky = Runs(EvalOutcome(1.0, Status.OK)), Runs(EvalOutcome(0.0, Status.OK))
     SharedEvals().evaluate("flaky fix", lucky)
     assert SharedEvals().evaluate("flaky fix", unlucky) == (unlucky.outcome, False)
+
+
+def test_an_outcome_the_caller_will_not_share_stays_with_its_sample() -> None:
+    """The stage shares only what the harness read in full: a runner killed before its result frame (the step's
+    SIGTERM reaches it before the node) must not become the reward of every sample that wrote the same fix."""
+    evals = SharedEvals()
+    cut = Runs(EvalOutcome(0.0, Status.OK, {"results_read": False}))
+    whole = Runs(EvalOutcome(1.0, Status.OK, {"results_read": True}))
+
+    def read_in_full(o: EvalOutcome) -> bool:
+        return bool(o.details["results_read"])
+
+    assert evals.evaluate("fix", cut, read_in_full) == (cut.outcome, False)
+    assert evals.evaluate("fix", whole, read_in_full) == (whole.outcome, False), "evaluated again"
+    assert evals.evaluate("fix", whole, read_in_full) == (whole.outcome, True)
+    assert (cut.count, whole.count) == (1, 1)

@@ -143,6 +143,10 @@ def test_inference_failure_while_draining_releases_the_task(tmp_path: Path) -> N
     try:
         servers = [json.loads(f.read_text())["server_pid"] for f in paths.endpoints.glob("infer-*.json")]
         rollout.send_signal(signal.SIGUSR1)  # drain with a long deadline (a SIGTERM releases at once) ...
+        log = paths.root / "rollout-node.out"
+        # the node hears the signal in its main thread; an inference error a worker meets before that is an
+        # ordinary fault (retried), so the servers die only once the drain is in effect
+        wait_for(lambda: "draining (SIGUSR1)" in log.read_text(errors="replace"), 30, "the node draining")
         os.killpg(infer.pid, signal.SIGKILL)  # ... and the servers die under it (each in its own session)
         for pid in servers:
             os.kill(pid, signal.SIGKILL)
