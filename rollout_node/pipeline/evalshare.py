@@ -10,7 +10,7 @@ Guarantees:
   any byte are evaluated separately; nothing is shared across groups, tasks or policy versions, so a
   lucky pass of a flaky test is never replayed beyond the samples drawn beside it.
 - Only a result the harness read in full is shared (``ok`` or ``timeout``, and for ``ok`` the runner's
-  authenticated result frame: see ``shareable``). After an infrastructure failure, or a runner that ended
+  authenticated result frame: :func:`read_in_full`). After an infrastructure failure, or a runner that ended
   without its frame (killed by the step's SIGTERM before the node heard it, by the OOM killer, or by the
   code under test), the next sample with that diff evaluates again: one interrupted run never becomes
   the reward of every sample that wrote the same fix.
@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import EvalOutcome
 
 
@@ -34,6 +35,15 @@ class _Entry:
     outcome: EvalOutcome | None = None
 
 
+def read_in_full(outcome: EvalOutcome) -> bool:
+    """Shareable with the group's identical diffs: the harness's own verdict, a run past its time limit or one
+    scored from the runner's whole result frame (the bindings' ``results_read``; not a runner that ended
+    without it)."""
+    if outcome.status.infrastructure:
+        return False
+    return outcome.status == Status.TIMEOUT or bool(outcome.details.get("results_read", True))
+
+
 class SharedEvals:
     """The EVAL results of one group, by diff."""
 
@@ -41,11 +51,9 @@ class SharedEvals:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
 
-    def evaluate(self, diff: str, run: Callable[[], EvalOutcome],
-                 shareable: Callable[[EvalOutcome], bool] = lambda o: not o.status.infrastructure,
-                 ) -> tuple[EvalOutcome, bool]:
-        """(the outcome for ``diff``, whether it was shared rather than run here); an outcome that is not
-        ``shareable`` is returned to its own sample only."""
+    def evaluate(self, diff: str, run: Callable[[], EvalOutcome]) -> tuple[EvalOutcome, bool]:
+        """(the outcome for ``diff``, whether it was shared rather than run here); an outcome not
+        :func:`read_in_full` is returned to its own sample only."""
         key = hashlib.sha256(diff.encode("utf-8", errors="surrogateescape")).hexdigest()
         with self._lock:
             entry = self._entries.setdefault(key, _Entry())
@@ -53,7 +61,7 @@ class SharedEvals:
             if entry.outcome is not None:
                 return entry.outcome, True
             outcome = run()
-            if shareable(outcome):
+            if read_in_full(outcome):
                 entry.outcome = outcome
             return outcome, False
 

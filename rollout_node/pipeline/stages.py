@@ -173,7 +173,7 @@ class Stages:
 
     def _evaluate_once(self, ep: Episode) -> EvalOutcome:
         if self.rollout.eval_dedup:
-            outcome, shared = ep.group.evals.evaluate(ep.diff, lambda: self._run_eval(ep), _read_in_full)
+            outcome, shared = ep.group.evals.evaluate(ep.diff, lambda: self._run_eval(ep))
         else:
             outcome, shared = self._run_eval(ep), False
         if not shared:
@@ -188,14 +188,6 @@ class Stages:
             return self.ops.evaluate(ep.group.task, ep.diff, scratch, self.rollout.eval_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the harness itself broke: infrastructure
             return EvalOutcome(None, Status.HARNESS_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
-
-
-def _read_in_full(outcome: EvalOutcome) -> bool:
-    """Shareable with the group's identical diffs: the harness's own verdict, a run past its time limit or one
-    scored from the runner's whole result frame (not a runner that ended without it)."""
-    if outcome.status.infrastructure:
-        return False
-    return outcome.status == Status.TIMEOUT or bool(outcome.details.get("results_read", True))
 
 
 def _timed_out(out: EpisodeOutput | None) -> EpisodeOutput:

@@ -45,7 +45,8 @@ def test_an_infrastructure_failure_is_not_shared() -> None:
 
 
 def test_a_timeout_is_conclusive_and_shared() -> None:
-    evals, slow = SharedEvals(), Runs(EvalOutcome(0.0, Status.TIMEOUT))
+    """The harness's own verdict: no result frame is expected from a runner it stopped at the limit."""
+    evals, slow = SharedEvals(), Runs(EvalOutcome(0.0, Status.TIMEOUT, {"results_read": False}))
     evals.evaluate("loop forever", slow)
     assert evals.evaluate("loop forever", slow) == (slow.outcome, True) and slow.count == 1
 
@@ -69,17 +70,14 @@ def test_groups_share_nothing() -> None:
     assert SharedEvals().evaluate("flaky fix", unlucky) == (unlucky.outcome, False)
 
 
-def test_an_outcome_the_caller_will_not_share_stays_with_its_sample() -> None:
-    """The stage shares only what the harness read in full: a runner killed before its result frame (the step's
+def test_a_result_not_read_in_full_stays_with_its_sample() -> None:
+    """Only what the harness read in full is shared: a runner killed before its result frame (the step's
     SIGTERM reaches it before the node) must not become the reward of every sample that wrote the same fix."""
     evals = SharedEvals()
     cut = Runs(EvalOutcome(0.0, Status.OK, {"results_read": False}))
     whole = Runs(EvalOutcome(1.0, Status.OK, {"results_read": True}))
-
-    def read_in_full(o: EvalOutcome) -> bool:
-        return bool(o.details["results_read"])
-
-    assert evals.evaluate("fix", cut, read_in_full) == (cut.outcome, False)
-    assert evals.evaluate("fix", whole, read_in_full) == (whole.outcome, False), "evaluated again"
-    assert evals.evaluate("fix", whole, read_in_full) == (whole.outcome, True)
+    assert evals.evaluate("fix", cut) == (cut.outcome, False)
+    assert evals.evaluate("fix", whole) == (whole.outcome, False), "evaluated again"
+    assert evals.evaluate("fix", whole) == (whole.outcome, True)
     assert (cut.count, whole.count) == (1, 1)
+
