@@ -17,6 +17,12 @@ the trainer's start (model load and warm start excluded, the same in both arms).
 steps to 0.8, final reward (mean of the last 5 steps), trainer idle fraction, episodes per minute; then the
 ratio sync/async of the times to 0.8. One JSON line per arm and one summary line on stdout.
 
+Each arm also samples the host's CPU (``/proc/stat``, every 0.5 s, kept in ``<out>/<arm>.cpu.jsonl``) and
+prints ``host_cpu_busy``, the share of every core's time spent busy (user, system, irq) between the trainer's
+start and its last step. Overlap can only speed a run up by filling idle cores: at the same CPU work per step, an
+arm that keeps the host busy a fraction b of the time can run at most 1/b faster (``overlap_bound``), whatever
+runs beside what.
+
     .venv/bin/python scripts/bench_learning.py [--steps 40] [--seed 0] [--out DIR [--reuse]] [key=value ...]
 """
 
@@ -27,7 +33,10 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,52 @@ from hpc.metrics import read_metrics  # noqa: E402
 
 TARGET = 0.8
 WINDOW = 3
+CPU_EVERY_S = 0.5
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from ``/proc/stat``'s ``cpu`` line (idle and iowait are
+    not busy; steal is not counted at all)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
+
+
+@contextmanager
+def sample_cpu(path: Path) -> Iterator[None]:
+    """Append ``{"t", "busy", "total"}`` to ``path`` every :data:`CPU_EVERY_S` until the block ends."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        with path.open("a") as f:
+            while True:
+                busy, total = cpu_jiffies()
+                f.write(json.dumps({"t": time.time(), "busy": busy, "total": total}) + "\n")
+                f.flush()
+                if stop.wait(CPU_EVERY_S):
+                    return
+
+    thread = threading.Thread(target=loop, name="bench-cpu", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def cpu_log_of(run: Path) -> Path:
+    """Where an arm's CPU samples go: beside its run directory (``spoolrl demo`` wants that one empty)."""
+    return run.with_name(run.name + ".cpu.jsonl")
+
+
+def host_cpu_busy(samples: list[dict[str, float]], start: float, end: float) -> float | None:
+    """The busy share of the host's cores between the samples nearest ``start`` and ``end`` (None without two)."""
+    inside = [s for s in samples if start - CPU_EVERY_S <= s["t"] <= end + CPU_EVERY_S]
+    if len(inside) < 2 or inside[-1]["total"] <= inside[0]["total"]:
+        return None
+    return (inside[-1]["busy"] - inside[0]["busy"]) / (inside[-1]["total"] - inside[0]["total"])
 
 
 def async_overrides(groups_per_step: int) -> list[str]:
@@ -77,6 +132,9 @@ def arm_figures(run: Path) -> dict[str, Any]:
     episodes = list(read_metrics(run, "episode"))
     span_min = (max(e["t"] for e in episodes) - min(e["t"] for e in episodes)) / 60 if len(episodes) > 1 else 0.0
     last = steps[-1][1] if steps else {}
+    cpu_log = cpu_log_of(run)
+    samples = [json.loads(x) for x in cpu_log.read_text().splitlines() if x.strip()] if cpu_log.is_file() else []
+    busy = host_cpu_busy(samples, t0, steps[-1][1]["t"]) if steps else None
     return {
         "steps": len(steps),
         "steps_to_target": None if reached is None else steps[reached][0],
@@ -87,6 +145,8 @@ def arm_figures(run: Path) -> dict[str, Any]:
         "episodes": len(episodes),
         "episodes_per_min": round(len(episodes) / span_min, 1) if span_min else None,
         "wall_s": round(steps[-1][1]["t"] - t0, 1) if steps else None,
+        "host_cpu_busy": None if busy is None else round(busy, 3),
+        "overlap_bound": round(1 / busy, 2) if busy else None,
     }
 
 
@@ -98,7 +158,10 @@ def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool 
         return figures
     cmd = [sys.executable, "-m", "hpc.cli", "demo", "--out", str(run), "--steps", str(steps), *overrides]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    out.mkdir(parents=True, exist_ok=True)
+    cpu_log_of(run).unlink(missing_ok=True)
+    with sample_cpu(cpu_log_of(run)):
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: demo failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     figures = {"arm": name, "run": str(run), "demo_wall_s": round(time.monotonic() - t0, 1), **arm_figures(run)}
@@ -128,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"bench": "learning", "target": TARGET, "async_time_s": a["time_to_target_s"],
                       "sync_time_s": s["time_to_target_s"], "sync_over_async": None if ratio is None else round(ratio, 2),
                       "async_episodes_per_min": a["episodes_per_min"], "sync_episodes_per_min": s["episodes_per_min"],
-                      "async_idle": a["trainer_idle_fraction"], "sync_idle": s["trainer_idle_fraction"]}))
+                      "async_idle": a["trainer_idle_fraction"], "sync_idle": s["trainer_idle_fraction"],
+                      "async_host_cpu_busy": a["host_cpu_busy"], "sync_host_cpu_busy": s["host_cpu_busy"],
+                      "sync_overlap_bound": s["overlap_bound"]}))
     return 0
 
 
