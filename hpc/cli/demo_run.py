@@ -53,6 +53,10 @@ DEMO_OVERRIDES = (
     "trainer.micro_batch_tokens=1024", "trainer.max_tasks_outstanding=4", "trainer.publish_every=1",
     "slurm.train.gpus_per_node=0", "slurm.infer.gpus_per_node=0",
     "algorithm.group_size=8", "algorithm.groups_per_step=4", "algorithm.drop_zero_variance=false",
+    # one baseline for the step's 32 samples, not one per group: a statement whose group all gave the same
+    # wrong value is trained away from it (with a group baseline that group carries no signal, and a value
+    # the policy stopped giving for one kind of statement stayed dead for many steps)
+    "algorithm.advantage_norm=batch_mean",
     # the forward KL against the warm start keeps every value alive (k3's pull vanishes on an abandoned one)
     "algorithm.kl_coef=0.1", "algorithm.kl_estimator=forward",
     # lr 3e-4 is the peak: each step's measured KL sets the next step's lr (early Adam steps at a fixed 3e-4

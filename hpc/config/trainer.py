@@ -64,11 +64,13 @@ class AlgorithmConfig:
                               "trainer drops whole groups that do", min=0)
     truncated: Literal["score", "mask"] = knob(
         "score", doc="episodes that ran out of turns/tokens/context: 'score' trains them with their reward; 'mask' "
-        "keeps their reward in the group baseline but trains none of their tokens")
+        "keeps their reward in the baseline but trains none of their tokens")
     timeout: Literal["score", "mask"] = knob(
         "mask", doc="episodes past rollout.run_timeout_s (tool and sandbox time; waiting for the inference server "
         "does not count): 'score' or 'mask' as for truncated")
     drop_zero_variance: bool = knob(True, doc="drop groups whose rewards are all equal (DAPO dynamic sampling)")
-    advantage_norm: Literal["group_std", "group_mean"] = knob(
-        "group_std", doc="'group_std': (r - mean) / std; 'group_mean': r - mean"
+    advantage_norm: Literal["group_std", "group_mean", "batch_mean", "batch_std"] = knob(
+        "group_std", doc="the baseline: 'group_std': (r - mean) / std within each group (GRPO); 'group_mean': r - mean "
+        "(Dr. GRPO); 'batch_mean' / 'batch_std': the same over every sample of the step (batch_std is REINFORCE++'s), so "
+        "a group whose samples all failed still pushes their answers down (unless drop_zero_variance drops it first)"
     )

@@ -2,14 +2,14 @@
 bwrap sandboxes, tamper-proof EVAL, spool, DeepSpeed) on the learnable family.
 
 With its defaults (sampling at temperature 0.7, so the trainer's logprobs at T are exercised; a policy
-reload after every step; 40 steps with the KL-adaptive lr, ``trainer.target_kl``) the demo learns: from a
-first-3-steps mean <= 0.4 some 3-step mean reaches 0.7, the last 5 end at >= 0.6 and at least 0.3 above the
-start, and the report's reward series is the one the trainer logged. Issue 12 asks for >= 0.8 over the last
-5; the runs measured with these defaults gave 0.86 (seed 0), 0.91 (T 0.8) and 0.79-0.81 (seed 1, 30 and 45
-steps), every best 3-step mean >= 0.8, but the loop is not bitwise reproducible (the engine's batching
-follows timing), so this asserts a margin below what every run showed, not the goal. The earlier defaults
-(fixed lr 3e-4, 30 steps) fail it in 3 runs of 9 (last 5: 0.56 for seed 0, 0.39 and 0.49 for seed 1). With
-``trainer.lr=0`` the reward stays at the warm-start level (~1/4): the control below."""
+reload after every step; 40 steps with the KL-adaptive lr, ``trainer.target_kl``, and the step-wide baseline,
+``algorithm.advantage_norm=batch_mean``) the demo learns as issue 12 asks: the mean reward of the first 3 steps
+is <= 0.4 and of the last 5 >= 0.8, and the report's reward series is the one the trainer logged. The loop is
+not bitwise reproducible (the engine's batching follows timing), so this is a statistical claim, measured in
+the README's table: at these defaults seeds 0 and 1, T 0.8 and seed 1 at T 0.8 ended at 0.84-0.88 over the last
+5 from 0.22-0.27, and bench_learning's synchronous arm (the same regime) at 0.86. With a group baseline one
+run of six ended at 0.69; before ``trainer.target_kl`` 5 runs of 9 ended below 0.8. With ``trainer.lr=0`` the
+reward stays at the warm-start level (~1/4): the control below."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def test_the_demo_learns_with_its_defaults(tmp_path: Path) -> None:
     assert summary["reward_first_steps"] == 3 and summary["reward_last_steps"] == 5
     steps = sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])
     rewards = [float(r["reward_mean"]) for r in steps]
-    best = max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2))
-    assert first <= 0.4 and best >= 0.7 and last >= 0.6 and last >= first + 0.3, (first, best, last, rewards)
+    assert abs(sum(rewards[:3]) / 3 - first) < 1e-3 and abs(sum(rewards[-5:]) / 5 - last) < 1e-3, (first, last)
+    assert first <= 0.4 and last >= 0.8, (first, last, rewards)
     assert summary["policy_version"] == summary["step"] == len(steps) >= 40, "a reload after every step"
     assert all(r["step_kl"] >= 0 for r in steps), "the KL-adaptive lr measured every step"
     # on-policy at T = 0.7: the trainer's logprobs log_softmax(logits / T) match what the engine sampled with

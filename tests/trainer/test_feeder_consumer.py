@@ -86,6 +86,32 @@ def test_consumer_outcomes_and_restart_skip(tmp_path: Path) -> None:
     assert sum(c2.drops.values()) == 4 and set(c2.drops) == {"duplicate_task"}
 
 
+def test_batch_advantages_span_the_groups_of_the_step(tmp_path: Path) -> None:
+    """algorithm.advantage_norm=batch_*: the step's groups share one baseline, so a group that all failed is
+    trained (pushed down) and one that all passed is pushed up; each group's own norm would give both zeros."""
+    rng = np.random.default_rng(3)
+    write_groups(tmp_path, [make_group("a@e0", [0, 0, 0, 0], rng), make_group("b@e0", [1, 1, 1, 0], rng),
+                            make_group("c@e0", [1, 1, 1, 1], rng)])
+    advantages = {}
+    for norm in ("batch_mean", "batch_std", "group_std"):
+        spool = Spool(tmp_path)
+        spool.fence(norm)
+        acfg = AlgorithmConfig(group_size=4, groups_per_step=3, drop_zero_variance=False, advantage_norm=norm)
+        c = Consumer(spool, norm, acfg, max_seq_len=1000)
+        c.poll()
+        batch = c.next_batch(trainer_version=0, num_groups=3)
+        assert batch is not None and sorted(batch.task_ids) == ["a@e0", "b@e0", "c@e0"]
+        advantages[norm] = {s.trajectory_id: s.advantage for s in batch.samples}
+        spool.recover(norm, [])
+    group_adv = advantages["group_std"]
+    assert all(group_adv[f"{t}@e0/s{i}"] == 0 for t in "ac" for i in range(4))
+    for norm in ("batch_mean", "batch_std"):
+        adv = advantages[norm]
+        assert all(adv[f"a@e0/s{i}"] < 0 for i in range(4)) and all(adv[f"c@e0/s{i}"] > 0 for i in range(4)), norm
+        assert abs(sum(adv.values())) < 1e-6 and adv["b@e0/s0"] == adv["c@e0/s0"]
+    assert advantages["batch_mean"]["a@e0/s0"] == -7 / 12, "r - mean over the 12 samples of the step"
+
+
 def test_checkpoints_cli_lists_lineage(tmp_path: Path) -> None:
     root = tmp_path / "run"
     (root / "checkpoints" / "step_000002").mkdir(parents=True)

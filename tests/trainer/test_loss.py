@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from hpc.config import AlgorithmConfig
-from train_node.trainer.loss import LossParams, forward_kl, group_advantages, policy_loss, token_logprobs
+from train_node.trainer.loss import (
+    LossParams,
+    batch_advantages,
+    forward_kl,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
 
 from .helpers import with_flipped_advantages
 
@@ -135,6 +142,27 @@ def test_group_advantages():
     assert group_advantages([1.0, 0.0, 0.0, 0.0], "group_mean") == pytest.approx([0.75, -0.25, -0.25, -0.25])
     # population std of [3, 1] is 1
     assert group_advantages([3.0, 1.0], "group_std") == pytest.approx([1.0, -1.0], abs=1e-5)
+
+
+def test_batch_advantages_keep_the_signal_of_a_group_that_all_failed():
+    """One baseline for the step. A group whose samples all failed (a value the policy stopped giving for its
+    statement) gets negative advantages, where a group baseline gives it none."""
+    groups = [[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]]  # mean 3/8, population std sqrt(15)/8
+    centred = [0.625, 0.625, -0.375, 0.625, -0.375, -0.375, -0.375, -0.375]
+    mean_adv = batch_advantages(groups, "batch_mean")
+    std_adv = batch_advantages(groups, "batch_std")
+    assert [len(g) for g in mean_adv] == [len(g) for g in std_adv] == [4, 4]
+    assert mean_adv[0] + mean_adv[1] == pytest.approx(centred)
+    assert std_adv[0] + std_adv[1] == pytest.approx([c / (15 ** 0.5 / 8) for c in centred], abs=1e-5)
+    assert group_advantages(groups[1], "group_std") == [0.0] * 4
+    assert batch_advantages([[0.0, 0.0], [0.0]], "batch_std") == [[0.0, 0.0], [0.0]], "no variance: no signal"
+
+
+def test_batch_std_blows_up_a_rare_failure_and_batch_mean_does_not():
+    """31 passes and one failure: the std shrinks to 0.17, so 'batch_std' gives the failure -5.6."""
+    groups = [[1.0] * 8] * 3 + [[1.0] * 7 + [0.0]]
+    assert batch_advantages(groups, "batch_std")[3][7] == pytest.approx(-(31 ** 0.5), rel=1e-4)
+    assert batch_advantages(groups, "batch_mean")[3][7] == pytest.approx(-31 / 32)
 
 
 def test_params_defaults_are_the_configs() -> None:

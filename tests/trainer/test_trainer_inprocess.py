@@ -121,6 +121,26 @@ def test_target_kl_grows_the_lr_up_to_its_peak_when_steps_move_little(tmp_path: 
     assert all(0 <= s["step_kl"] < 1e-3 for s in steps)
 
 
+def test_a_step_without_advantage_signal_leaves_the_lr(tmp_path: Path) -> None:
+    """A step whose every advantage is 0 (here every reward 1) moves the policy only through the KL penalty: the
+    controller keeps its scale (it would shrink it after every step at this target), and still logs the KL."""
+    from train_node.trainer.lrschedule import FACTOR, START_SCALE
+
+    cfg = run_config(trainer={"total_steps": 3, "checkpoint_every": 10, "lr": 1e-2, "target_kl": 1e-12},
+                     algorithm={"drop_zero_variance": False, "kl_coef": 0.1})
+    paths = make_run(tmp_path / "run", cfg)
+    rng = np.random.default_rng(7)
+    solved = [make_group(f"solved{i}@e0", [1.0] * 4, rng) for i in range(2)]
+    groups = standard_groups(4)
+    write_groups(paths.root, [*groups[:2], *solved, *groups[2:]])
+    assert _trainer(paths.root, cfg).run() == 0
+    steps = list(read_metrics(paths.root, "train_step"))
+    assert [s["reward_mean"] for s in steps][1] == 1.0, "the second step is the solved one"
+    assert [s["lr"] for s in steps] == pytest.approx([1e-2 * START_SCALE, 1e-2 * START_SCALE / FACTOR,
+                                                      1e-2 * START_SCALE / FACTOR], rel=1e-9)
+    assert all(s["step_kl"] >= 0 for s in steps)
+
+
 def test_corrupt_shard_is_quarantined_and_training_continues(tmp_path: Path) -> None:
     cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 1})
     paths = make_run(tmp_path / "run", cfg)

@@ -12,7 +12,10 @@ Guarantees (exactly-once accounting):
   the late samples would bias the group baseline); the staleness is measured at the version that
   will train the batch. Per-sample drops remain only for what the episode itself failed at.
 - ``algorithm.truncated`` / ``algorithm.timeout`` = ``mask``: such samples keep their reward in the
-  group baseline but contribute no loss tokens.
+  baseline but contribute no loss tokens.
+- ``algorithm.advantage_norm``: ``group_*`` baselines are computed per group when it is staged;
+  ``batch_*`` ones over every sample of the batch when it is made (rank 0 makes the whole step's
+  batch, so every rank trains with the same baseline).
 - A shard is *covered* once all its rows have an outcome; covered shard ids go into the next
   checkpoint and are committed after it. Rows of a shard not yet covered whose outcome is already
   decided are remembered per shard (``resolved``, saved in the checkpoint), so when the shard comes
@@ -34,7 +37,7 @@ import numpy as np
 
 from hpc.config import AlgorithmConfig
 from hpc.trajectory import Status, Trajectory, training_refusal
-from train_node.trainer.loss import group_advantages
+from train_node.trainer.loss import batch_advantages, group_advantages
 from train_node.trainer.packing import Sample
 
 
@@ -97,7 +100,8 @@ class _Staged:
     """A group that passed the filters, waiting for a batch."""
 
     members: list[tuple[str, Trajectory]]
-    advantages: list[float]
+    rewards: list[float]
+    advantages: list[float]  # the group's own ('group_*'); a step-wide baseline ('batch_*') sets them in _make_batch
     staleness: list[int]
 
 
@@ -226,8 +230,9 @@ class Consumer:
             self._drop_group(kept, "all_masked", task_id)
             return None
         self.inflight.add(task_id)
-        adv = group_advantages(rewards, self.acfg.advantage_norm)
-        return _Staged(kept, adv, [t.staleness(version) for _, t in kept])
+        norm = self.acfg.advantage_norm
+        adv = group_advantages(rewards, norm) if norm in ("group_std", "group_mean") else []
+        return _Staged(kept, rewards, adv, [t.staleness(version) for _, t in kept])
 
     def _group_drop_reason(self, kept: list[Trajectory], version: int) -> str:
         """Reasons that drop the whole group (see the module docstring)."""
@@ -264,6 +269,10 @@ class Consumer:
 
     def _make_batch(self, picked: list[_Staged], version: int) -> Batch:
         batch = Batch(samples=[], groups=[], staleness=[], policy_version=version)
+        if self.acfg.advantage_norm in ("batch_mean", "batch_std"):
+            per_group = batch_advantages([st.rewards for st in picked], self.acfg.advantage_norm)
+            for st, adv in zip(picked, per_group, strict=True):
+                st.advantages = adv
         for st in picked:
             batch.groups.append([t for _, t in st.members])
             batch.staleness.extend(st.staleness)

@@ -310,7 +310,8 @@ class Engine:
         assert total > 0, "the planner never emits a step without loss tokens"
         sums = LossSums()
         self.ds.train()
-        before: list[torch.Tensor] = []  # the policy's logprobs before the step (trainer.target_kl)
+        # each micro-batch's tensors and the policy's logprobs on them before the step (trainer.target_kl)
+        before: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
         for mb in micro_batches:
             t = self._tensors(mb)
             ref, fkl = None, None
@@ -323,30 +324,34 @@ class Engine:
             self.ds.backward(loss * self.world, scale_wrt_gas=False)
             sums.add(s)
             if self.schedule.target_kl > 0:
-                before.append(logp.detach())
+                before.append((t, logp.detach()))
         fault_point("step")
         lr = float(self.scheduler.get_last_lr()[0])  # the lr of this step (ds.step() sets the next one)
         self.ds.step()
         summed = self._all_reduce_sums(sums)
-        step_kl = self._step_kl(micro_batches, before) if self.schedule.target_kl > 0 else None
-        if step_kl is not None:
-            self.schedule.observe(step_kl)
-            apply_now(self.scheduler, self.schedule)
+        step_kl = None
+        if self.schedule.target_kl > 0:
+            step_kl, signal = self._step_kl(micro_batches, before)
+            if signal:  # a step with no policy-gradient signal says nothing of the lr a real one can take
+                self.schedule.observe(step_kl)
+                apply_now(self.scheduler, self.schedule)
         return StepResult(sums=summed, grad_norm=self._grad_norm(), lr=lr,
                           tokens=sum(mb.num_tokens for mb in micro_batches), seconds=time.perf_counter() - t0,
                           step_kl=step_kl)
 
-    def _step_kl(self, micro_batches: list[MicroBatch], before: list[torch.Tensor]) -> float:
-        """Collective: the mean per-sample KL(before || after this step) over the step's samples, on every
-        rank (one more forward pass over the batch; see :mod:`train_node.trainer.lrschedule`)."""
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+    def _step_kl(self, micro_batches: list[MicroBatch],
+                 before: list[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> tuple[float, bool]:
+        """Collective: (the mean per-sample KL(before || after this step) over the step's samples, whether any
+        loss token had a non-zero advantage), on every rank (one more forward pass over the batch; see
+        :mod:`train_node.trainer.lrschedule`)."""
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with torch.no_grad():
-            for mb, old in zip(micro_batches, before, strict=True):
-                t = self._tensors(mb)
+            for mb, (t, old) in zip(micro_batches, before, strict=True):
                 totals[0] += sequence_kl(old, self.logprobs(self.ds, t), t["mask"])
                 totals[1] += len(mb.trajectory_ids)
+                totals[2] += float(((t["adv"] != 0) & (t["mask"] > 0)).sum())
         tdist.all_reduce(totals)
-        return float(totals[0] / max(float(totals[1]), 1.0))
+        return float(totals[0] / max(float(totals[1]), 1.0)), bool(totals[2] > 0)
 
     @property
     def _forward_kl(self) -> bool:

@@ -14,6 +14,11 @@ Guarantees:
 - The scale starts at :data:`START_SCALE` (the first steps, the most sign-like, are small), is divided
   by :data:`FACTOR` after a step that moved more than twice the target and multiplied by it after one
   that moved less than half, within [:data:`MIN_SCALE`, 1]: ``trainer.lr`` stays the peak.
+- A step with no policy-gradient signal (every advantage 0: all the step's rewards equal under a step-wide
+  baseline, every group's under a group one) leaves the scale as it was. Its KL is the KL penalty's alone, so
+  it says nothing of how far a real step at this lr would go: measured on the demo, five all-pass steps grew
+  the lr to its peak and the first failure after them (advantage -5.6 under ``batch_std``) moved the policy by
+  13.8 nats per sample.
 - The scale is part of the scheduler's state (a callable object's ``__dict__`` is what
   ``LambdaLR.state_dict`` saves), so DeepSpeed's checkpoint carries it and a resume continues exactly.
 """
