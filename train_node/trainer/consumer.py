@@ -13,9 +13,9 @@ Guarantees (exactly-once accounting):
   will train the batch. Per-sample drops remain only for what the episode itself failed at.
 - ``algorithm.truncated`` / ``algorithm.timeout`` = ``mask``: such samples keep their reward in the
   baseline but contribute no loss tokens.
-- ``algorithm.advantage_norm``: ``group_*`` baselines are computed per group when it is staged;
-  ``batch_*`` ones over every sample of the batch when it is made (rank 0 makes the whole step's
-  batch, so every rank trains with the same baseline).
+- ``algorithm.advantage_norm``: advantages are computed when the batch is made, each group's own
+  baseline (``group_*``) or one over every sample of the batch (``batch_*``); rank 0 makes the whole
+  step's batch, so every rank trains with the same baseline.
 - A shard is *covered* once all its rows have an outcome; covered shard ids go into the next
   checkpoint and are committed after it. Rows of a shard not yet covered whose outcome is already
   decided are remembered per shard (``resolved``, saved in the checkpoint), so when the shard comes
@@ -37,7 +37,7 @@ import numpy as np
 
 from hpc.config import AlgorithmConfig
 from hpc.trajectory import Status, Trajectory, training_refusal
-from train_node.trainer.loss import batch_advantages, group_advantages
+from train_node.trainer.loss import step_advantages
 from train_node.trainer.packing import Sample
 
 
@@ -100,8 +100,7 @@ class _Staged:
     """A group that passed the filters, waiting for a batch."""
 
     members: list[tuple[str, Trajectory]]
-    rewards: list[float]
-    advantages: list[float]  # the group's own ('group_*'); a step-wide baseline ('batch_*') sets them in _make_batch
+    rewards: list[float]  # the advantages are computed when the batch is made (a 'batch_*' baseline spans it)
     staleness: list[int]
 
 
@@ -203,7 +202,7 @@ class Consumer:
         return len(self.groups[key]) + self.group_done[key] >= self.acfg.group_size
 
     def _filter_group(self, members: list[tuple[str, Trajectory]], version: int) -> _Staged | None:
-        """Drop what must not be trained; returns the kept members with advantages, or None."""
+        """Drop what must not be trained; returns the kept members with their rewards, or None."""
         task_id = members[0][1].task_id
         if task_id in self.state.trained_tasks or task_id in self.inflight:
             self._drop_group(members, "duplicate_task", task_id)
@@ -230,9 +229,7 @@ class Consumer:
             self._drop_group(kept, "all_masked", task_id)
             return None
         self.inflight.add(task_id)
-        norm = self.acfg.advantage_norm
-        adv = group_advantages(rewards, norm) if norm in ("group_std", "group_mean") else []
-        return _Staged(kept, rewards, adv, [t.staleness(version) for _, t in kept])
+        return _Staged(kept, rewards, [t.staleness(version) for _, t in kept])
 
     def _group_drop_reason(self, kept: list[Trajectory], version: int) -> str:
         """Reasons that drop the whole group (see the module docstring)."""
@@ -269,14 +266,11 @@ class Consumer:
 
     def _make_batch(self, picked: list[_Staged], version: int) -> Batch:
         batch = Batch(samples=[], groups=[], staleness=[], policy_version=version)
-        if self.acfg.advantage_norm in ("batch_mean", "batch_std"):
-            per_group = batch_advantages([st.rewards for st in picked], self.acfg.advantage_norm)
-            for st, adv in zip(picked, per_group, strict=True):
-                st.advantages = adv
-        for st in picked:
+        advantages = step_advantages([st.rewards for st in picked], self.acfg.advantage_norm)
+        for st, group_adv in zip(picked, advantages, strict=True):
             batch.groups.append([t for _, t in st.members])
             batch.staleness.extend(st.staleness)
-            for (sid, t), a, stale in zip(st.members, st.advantages, st.staleness, strict=True):
+            for (sid, t), a, stale in zip(st.members, group_adv, st.staleness, strict=True):
                 temp = float(t.sampling["temperature"])  # training_refusal guarantees a finite T > 0
                 mask = np.zeros_like(t.loss_mask) if self._masked(t) else t.loss_mask
                 batch.samples.append(Sample(t.trajectory_id, t.token_ids, mask, t.logprobs, a, temp, stale))

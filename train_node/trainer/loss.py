@@ -226,3 +226,11 @@ def batch_advantages(groups: list[list[float]], norm: str, eps: float = 1e-6) ->
     mean = sum(flat) / len(flat)
     scale = 1.0 if norm == "batch_mean" else (sum((r - mean) ** 2 for r in flat) / len(flat)) ** 0.5 + eps
     return [[(r - mean) / scale for r in g] for g in groups]
+
+
+def step_advantages(groups: list[list[float]], norm: str) -> list[list[float]]:
+    """The advantages of a step's groups under ``algorithm.advantage_norm``: each group's own baseline
+    ('group_*') or one for the whole step ('batch_*')."""
+    if norm in ("batch_mean", "batch_std"):
+        return batch_advantages(groups, norm)
+    return [group_advantages(g, norm) for g in groups]
