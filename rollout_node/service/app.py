@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hpc.config.service import trusted_networks
+from hpc.config.service import Network, trusted_networks
 from rollout_node.service import wire
 from rollout_node.service.backends import Backends
 from rollout_node.service.frontdoor import FrontDoor, JobEnded
@@ -59,6 +59,17 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
 
 def _detail(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return _json(status, {"detail": message}, headers)
+
+
+def trusted(remote: str | None, networks: tuple[Network, ...]) -> bool:
+    """Whether a peer address lies in one of ``networks`` (a Unix socket or unknown peer never does)."""
+    try:
+        address = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d
+    return any(address in net for net in networks)
 
 
 class Service:
@@ -98,20 +109,11 @@ class Service:
     # ------------------------------------------------------------------ middlewares
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.cfg.auth and not self._trusted(request.remote):
+        if self.cfg.auth and not trusted(request.remote, self.trusted):
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 return _detail(401, "missing or wrong bearer token (the run secret: RUN/control/secret)")
         return await handler(request)
-
-    def _trusted(self, remote: str | None) -> bool:
-        try:
-            address = ipaddress.ip_address(remote or "")
-        except ValueError:  # a Unix socket or an unknown peer: never trusted
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # a dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d
-        return any(address in net for net in self.trusted)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -1,4 +1,4 @@
-"""The per-turn token record and the request checks it rests on (pure functions, no server)."""
+"""The per-turn token record, the request checks and the trusted-address rule (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,13 @@ def test_sampling_checks() -> None:
         with pytest.raises(WireError, match=word) as err:
             check_sampling(bad)
         assert err.value.status == 400
+
+
+def test_trusted_addresses() -> None:
+    from hpc.config.service import trusted_networks
+    from rollout_node.service.app import trusted
+
+    nets = trusted_networks("10.0.0.0/8, fd00::/8")
+    assert trusted("10.1.2.3", nets) and trusted("::ffff:10.1.2.3", nets) and trusted("fd00::1", nets)
+    assert not trusted("11.0.0.1", nets) and not trusted("::1", nets) and not trusted(None, nets)
+    assert not trusted("", nets) and not trusted("10.1.2.3", ())
