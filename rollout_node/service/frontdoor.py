@@ -127,7 +127,7 @@ class FrontDoor:
     def submit(self, job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> Job:
         """Register a job (one more member of ``job_id``'s group) and queue its spool task for the next round."""
         task_id = f"raas-{secrets.token_hex(8)}"
-        job = Job(job_id, task_id, str(instance.get("trajectory_id") or task_id), instance,
+        job = Job(job_id, task_id, self._trajectory_id(job_id, instance, task_id), instance,
                   bool(sampling["token_level_generation"]), time.monotonic() + self.timeout_s,
                   asyncio.get_running_loop().create_future())
         self.jobs[task_id] = job
@@ -136,6 +136,12 @@ class FrontDoor:
         self.counts["submitted"] += 1
         self._wake.set()
         return job
+
+    def _trajectory_id(self, job_id: str, instance: dict[str, Any], task_id: str) -> str:
+        """The instance's ``trajectory_id``, made unique within its group; else the task id."""
+        given = str(instance.get("trajectory_id") or "")
+        taken = {self.jobs[t].trajectory_id for t in self.by_job_id.get(job_id, ()) if t in self.jobs}
+        return task_id if not given else given if given not in taken else f"{given}:{task_id}"
 
     def cancel(self, job_id: str, reason: str) -> int:
         """End every job of ``job_id`` now as cancelled (answer 200, ``status: cancelled``); their nodes

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc.records import TaskRecord
-from hpc.trajectory import Status, Trajectory, sampling_refusal
+from hpc.trajectory import Status, Trajectory, sampling_refusal, training_refusal
 from rollout_node.agent.toolcall import TOOL_DOCS, TOOL_SPECS
 from rollout_node.service.turns import turns_of
 
@@ -167,7 +167,7 @@ def result(traj: Trajectory, job_id: str, trajectory_id: str, instance: Mapping[
         "git_patch": metrics.get("git_patch") or None, "resolved": traj.reward == 1.0,
         "success": not traj.status.infrastructure and traj.status != Status.CANCELLED,
         "finish": bool(metrics.get("submitted", False)), "end_properly": traj.status == Status.OK,
-        "filter": not traj.status.trainable, "error": error, "critical_error": critical_stage(traj),
+        "filter": not traj.status.trainable or bool(training_refusal(traj.logprob_kind, traj.sampling)), "error": error, "critical_error": critical_stage(traj),
         "tools": chat_tools(), "messages": messages(traj, metrics.get("service_messages", []), token_level),
         "timing": timing(traj, elapsed_s),
         "status": traj.status.value, "reward": traj.reward, "stop_reason": metrics.get("stop_reason"),
