@@ -174,7 +174,7 @@ def check_answer(res: dict[str, Any], job_id: str, llm: RecordingLLM) -> None:
         record = seen[(tuple(m["input_ids"]), tuple(m["token_ids"]))]  # exactly what the backend saw and produced
         assert m["logprobs"] == pytest.approx(record["logprobs"], abs=1e-6)
         assert (record["temperature"], record["top_p"]) == (SAMPLING["temperature"], SAMPLING["top_p"])
-        assert record["max_tokens"] <= SAMPLING["max_output_tokens"]
+        assert record["max_tokens"] == SAMPLING["max_output_tokens"]  # per generation, as NeMo Gym means it
         if k:
             before = assistant[k - 1]["input_ids"] + assistant[k - 1]["token_ids"]
             assert m["input_ids"][: len(before)] == before  # turn k extends turn k-1 token for token
@@ -203,6 +203,7 @@ async def drive(srv: dict[str, Any]) -> None:
             check_answer(res, job_id, llm)
         assert code == 200 and bare["success"] is True
         assert not {"token_ids", "logprobs", "input_ids"} & {k for m in bare["messages"] for k in m}
+        assert [m["tool_calls"][0]["name"] for m in bare["messages"] if m["role"] == "assistant"] == ["bash", "submit"]
 
         llm.hold.set()  # the second group parks at its first LLM call: mid-episode, sandboxes open
         held = [asyncio.ensure_future(post(s, "/process", {"instance": instance, "sampling_params": SAMPLING,
