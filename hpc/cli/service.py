@@ -4,7 +4,8 @@ Rollout-as-a-Service, wire-compatible with ProRL-Agent-Server (see rollout_node/
 
 - ``key=value`` overrides go to the run config (sandboxes, tasks, rollout limits: the same as
   ``rollout-node``), except ``service.<key>=value``, the server's own settings
-  (:class:`~rollout_node.service.app.ServiceConfig`; they are not part of run.yaml).
+  (:class:`~rollout_node.service.app.ServiceConfig`; not part of run.yaml, whose only service key,
+  ``service.trust_network``, is the default of ``--trust-network``).
 - ``--run RUN``: the run directory the front door and its rollout nodes share (created when missing;
   default: a fresh private one in node-local scratch). More nodes join with
   ``spoolrl rollout-server --node-only --run RUN`` on any host that sees RUN.
