@@ -60,6 +60,7 @@ class Group:
     role: str
     index: int
     cfg: GroupConfig
+    args: tuple[str, ...] = ()  # appended to the role's verb (shell-quoted)
 
     @property
     def ntasks(self) -> int:
@@ -187,7 +188,8 @@ def step_function(group: Group, *, het: bool) -> str:
     # One failed training rank breaks the collective: end the whole step. Rollout tasks are independent.
     args.append(f"--kill-on-bad-exit={1 if group.role in CRITICAL_ROLES else 0}")
     args += ["--open-mode=append", f'--output="$LOGS/{group.role}/$JOB-r$RESTART-%N-%t.log"']
-    command = shell_quote(f'spoolrl_{group.role} {ROLE_VERBS[group.role]} "$SPOOLRL_RUN"')
+    extra = "".join(f" {shell_quote(a)}" for a in group.args)
+    command = shell_quote(f'spoolrl_{group.role} {ROLE_VERBS[group.role]} "$SPOOLRL_RUN"{extra}')
     srun = " \\\n    ".join(["exec srun " + " ".join(args[:5]), " ".join(args[5:]), f"bash -c {command}"])
     return f"step_{group.role}() {{  # het group {group.index}\n  {srun}\n}}"
 
@@ -271,8 +273,10 @@ def render_scale(config: RunConfig, run_dir: str | Path, num_nodes: int, *, sour
 
 
 def render_service(config: RunConfig, run_dir: str | Path, *, source: str = "run.yaml") -> RenderedJob:
-    """The rollout-only service job: ``slurm.rollout`` nodes running ``spoolrl rollout-server``."""
-    group = Group("service", 0, config.slurm.rollout)
+    """The rollout-only service job: ``slurm.rollout`` nodes running ``spoolrl rollout-server`` (with
+    ``--trust-network`` when ``service.trust_network`` names networks)."""
+    trust = config.service.trust_network.replace(" ", "")
+    group = Group("service", 0, config.slurm.rollout, ("--trust-network", trust) if trust else ())
     return render_script(config, run_dir, [group], name="service", source=source)
 
 

@@ -1,14 +1,21 @@
-"""``spoolrl rollout-server [--config FILE] [key=value ...] [--run RUN] [--host H] [--port P] [--no-auth]``:
+"""``spoolrl rollout-server [--config FILE] [key=value ...] [--run RUN] [--host H] [--port P]
+[--trust-network CIDR[,CIDR...]] [--no-auth] [--[no-]token-level]``:
 Rollout-as-a-Service, wire-compatible with ProRL-Agent-Server (see rollout_node/service/app.py).
 
 - ``key=value`` overrides go to the run config (sandboxes, tasks, rollout limits: the same as
   ``rollout-node``), except ``service.<key>=value``, the server's own settings
-  (:class:`~rollout_node.service.app.ServiceConfig`; they are not part of run.yaml).
+  (:class:`~rollout_node.service.app.ServiceConfig`; not part of run.yaml, whose only service key,
+  ``service.trust_network``, is the default of ``--trust-network``).
 - ``--run RUN``: the run directory the front door and its rollout nodes share (created when missing;
   default: a fresh private one in node-local scratch). More nodes join with
   ``spoolrl rollout-server --node-only --run RUN`` on any host that sees RUN.
 - When ready it prints one JSON line on stdout (``url``, ``token``, ``run``, ``token_file``) and
   writes ``RUN/endpoints/rollout-server.json`` (``url``, ``token_file``).
+- ``--trust-network``: clients from these networks need no bearer token (e.g. NeMo Gym's ProRL agent,
+  which sends none); every other address still does. Default: ``service.trust_network`` of the run
+  config. ``--no-auth`` opens every endpoint to everyone (with a warning).
+- ``--token-level`` (the default): every assistant message carries ``input_ids``, ``token_ids`` and
+  ``logprobs``; a request with ``sampling_params.token_level_generation: false`` gets none.
 - In a Slurm step, task 0 serves (with ``service.local_nodes`` nodes) and every other task is a node.
 - SIGTERM/SIGINT: stop serving, end every job, drain the nodes, exit 0.
 """
@@ -45,23 +52,38 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
     return run, svc
 
 
-def service_config(values: dict[str, str], args: argparse.Namespace) -> Any:
+def _parse(key: str, kind: str, text: str) -> Any:
+    if kind == "bool":
+        if text.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise UsageError(f"service.{key}: {text!r} is not true or false")
+        return text.lower() in ("1", "true", "yes")
+    try:
+        return int(text) if kind == "int" else float(text) if kind == "float" else text
+    except ValueError as exc:
+        raise UsageError(f"service.{key}: {text!r} is not a {kind}") from exc
+
+
+def service_config(values: dict[str, str], args: argparse.Namespace, run_trust: str = "") -> Any:
+    """The server's settings: ``service.<key>=value`` overrides, then the flags; ``trust_network``
+    falls back to the run config's ``service.trust_network``. Bad CIDRs name the flag or key."""
+    from hpc.config.service import trusted_networks
     from rollout_node.service.app import ServiceConfig
 
-    kinds = {f.name: f.type for f in fields(ServiceConfig)}
-    parsed: dict[str, Any] = {}
-    for key, text in values.items():
-        if key not in kinds:
-            raise UsageError(f"service.{key}: unknown; valid keys: {', '.join(sorted(kinds))}")
-        kind = str(kinds[key])
-        try:
-            parsed[key] = (text.lower() in ("1", "true", "yes") if kind == "bool" else
-                           int(text) if kind == "int" else float(text) if kind == "float" else text)
-        except ValueError as exc:
-            raise UsageError(f"service.{key}: {text!r} is not a {kind}") from exc
-    cfg = ServiceConfig(**parsed)
+    kinds = {f.name: str(f.type) for f in fields(ServiceConfig)}
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        raise UsageError(f"service.{unknown[0]}: unknown; valid keys: {', '.join(sorted(kinds))}")
+    cfg = ServiceConfig(**{key: _parse(key, kinds[key], text) for key, text in values.items()})
+    trust, source = ((args.trust_network, "--trust-network") if args.trust_network is not None else
+                     (cfg.trust_network, "service.trust_network") if "trust_network" in values else
+                     (run_trust, "service.trust_network (run config)"))
+    try:
+        trusted_networks(trust)
+    except ValueError as exc:
+        raise UsageError(f"{source}: {exc}") from exc
     return replace(cfg, host=args.host or cfg.host, port=cfg.port if args.port is None else args.port,
-                   auth=cfg.auth and not args.no_auth)
+                   auth=cfg.auth and not args.no_auth, trust_network=trust,
+                   token_level=cfg.token_level if args.token_level is None else args.token_level)
 
 
 def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
@@ -132,7 +154,7 @@ async def serve(paths: Any, config: Any, cfg: Any) -> None:
     port = runner.addresses[0][1]
     host = socket.gethostname() if cfg.host in ("0.0.0.0", "::") else cfg.host
     url = f"http://{host}:{port}"
-    announce(paths, url, cfg.auth, token)
+    announce(paths, url, cfg, token)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -141,16 +163,18 @@ async def serve(paths: Any, config: Any, cfg: Any) -> None:
     (paths.endpoints / "rollout-server.json").unlink(missing_ok=True)
 
 
-def announce(paths: Any, url: str, auth: bool, token: str) -> None:
+def announce(paths: Any, url: str, cfg: Any, token: str) -> None:
     from hpc.records import EndpointRecord, write_endpoint
 
-    token_file = str(paths.secret) if auth else None
+    token_file = str(paths.secret) if cfg.auth else None
     write_endpoint(paths.endpoints / "rollout-server.json",
                    EndpointRecord(url=url, host=socket.gethostname(), pid=os.getpid(), extra={"token_file": token_file}),
                    fsync=True)
-    if not auth:
+    if not cfg.auth:
         log.warning("--no-auth: every endpoint is open to anyone who can reach %s", url)
-    print(json.dumps({"url": url, "token": token if auth else None, "token_file": token_file,
+    elif cfg.trust_network:
+        log.info("clients from %s need no bearer token; every other address does", cfg.trust_network)
+    print(json.dumps({"url": url, "token": token if cfg.auth else None, "token_file": token_file,
                       "run": str(paths.root)}), flush=True)
 
 
@@ -158,7 +182,7 @@ def _rollout_server(args: argparse.Namespace) -> int:
     from hpc.slurm_env import SlurmEnv
 
     run_overrides, svc_values = split_overrides(list(args.overrides))
-    cfg = service_config(svc_values, args)
+    service_config(svc_values, args)  # bad settings fail before anything starts
     env = SlurmEnv.from_environ()
     if args.node_only or (env.in_step and env.procid > 0):
         if not args.run:
@@ -167,6 +191,7 @@ def _rollout_server(args: argparse.Namespace) -> int:
 
         return run_node_only(args.run, default_node_id())
     paths, config = open_or_create_run(args, run_overrides)
+    cfg = service_config(svc_values, args, config.service.trust_network)
     setup_logging(paths.logs)
     nodes = start_local_nodes(paths.root, cfg.local_nodes)
     try:
@@ -189,6 +214,12 @@ def register(sub: Any) -> None:
     p.add_argument("--run", default="", metavar="RUN", help="run directory shared with the rollout nodes")
     p.add_argument("--host", default="", help="address to bind (default 127.0.0.1; 0.0.0.0 for other hosts)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8006; 0 = any free port)")
-    p.add_argument("--no-auth", action="store_true", help="serve without the bearer token (warns)")
+    p.add_argument("--trust-network", default=None, metavar="CIDR[,CIDR...]",
+                   help="clients from these networks need no bearer token; others still do "
+                        "(default: service.trust_network of the run config)")
+    p.add_argument("--no-auth", action="store_true", help="serve without the bearer token to everyone (warns)")
+    p.add_argument("--token-level", action=argparse.BooleanOptionalAction, default=None,
+                   help="token IDs and logprobs on every assistant message (default: on; a request's "
+                        "sampling_params.token_level_generation: false turns them off for it)")
     p.add_argument("--node-only", action="store_true", help="be one more rollout node of the front door on --run")
     p.set_defaults(func=_rollout_server)

@@ -16,6 +16,7 @@ from hpc.config.base import build, iter_fields, knob, section, to_dict
 from hpc.config.inference import InferenceConfig
 from hpc.config.rollout import RolloutConfig
 from hpc.config.sandbox import SandboxConfig
+from hpc.config.service import ServiceSection
 from hpc.config.slurm import GroupConfig, SlurmConfig
 from hpc.config.spool import SpoolConfig
 from hpc.config.tasks import ModelConfig, RunSection, TasksConfig
@@ -25,7 +26,7 @@ from hpc.trajectory import sampling_refusal
 
 __all__ = [
     "AlgorithmConfig", "GroupConfig", "InferenceConfig", "ModelConfig", "RolloutConfig", "RunConfig",
-    "RunSection", "SandboxConfig", "SlurmConfig", "SpoolConfig", "TasksConfig", "TrainerConfig",
+    "RunSection", "SandboxConfig", "ServiceSection", "SlurmConfig", "SpoolConfig", "TasksConfig", "TrainerConfig",
     "load_config", "config_from_dict", "parse_overrides", "to_dict", "iter_fields",
 ]
 
@@ -44,6 +45,7 @@ class RunConfig:
     inference: InferenceConfig = knob(factory=InferenceConfig, doc="LLM servers and client")
     trainer: TrainerConfig = knob(factory=TrainerConfig, doc="the DeepSpeed trainer")
     algorithm: AlgorithmConfig = knob(factory=AlgorithmConfig, doc="the RL objective")
+    service: ServiceSection = knob(factory=ServiceSection, doc="the rollout service job (rollout-server)")
 
     def check(self) -> list[str]:
         problems = []

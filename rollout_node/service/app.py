@@ -2,10 +2,12 @@
 
 Guarantees:
 - Every endpoint requires ``Authorization: Bearer <run secret>`` (constant-time compare; 401
-  otherwise) unless the server was started with ``--no-auth``.
+  otherwise), except from a source address inside ``trust_network`` (``--trust-network``), and
+  unless the server was started with ``--no-auth``.
 - Bodies are JSON objects of at most ``max_request_mb`` (413 above it, 400 when not JSON).
 - ``/process`` is admitted only while running (503), with a backend (503), below ``max_pending``
   jobs in flight (503 + ``Retry-After``); it then awaits its job's future: no thread per call.
+  Calls sharing a ``job_id`` are one group: all run, each answers; ``/cancel`` ends them all.
 - ``/stop`` ends every job (``server is stopping; job cancelled``), tells the nodes to stop them
   (their sandboxes are closed) and withdraws the backends.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import uuid
@@ -23,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hpc.config.service import Network, trusted_networks
 from rollout_node.service import wire
 from rollout_node.service.backends import Backends
 from rollout_node.service.frontdoor import FrontDoor, JobEnded
@@ -39,6 +43,8 @@ class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = 8006                 # ProRL-Agent-Server's default
     auth: bool = True
+    trust_network: str = ""          # CIDRs whose clients need no token (hpc.config.service.trusted_networks)
+    token_level: bool = True         # token IDs in messages unless a request sends token_level_generation: false
     max_pending: int = 4096          # /process calls in flight; above it: 503 + Retry-After
     retry_after_s: int = 5
     timeout_s: float = 3600.0        # per /process, from admission; past it: 504 and the job is cancelled
@@ -55,11 +61,23 @@ def _detail(status: int, message: str, headers: dict[str, str] | None = None) ->
     return _json(status, {"detail": message}, headers)
 
 
+def trusted(remote: str | None, networks: tuple[Network, ...]) -> bool:
+    """Whether a peer address lies in one of ``networks`` (a Unix socket or unknown peer never does)."""
+    try:
+        address = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d
+    return any(address in net for net in networks)
+
+
 class Service:
     """Routes bound to one front door, one backend registry and one token."""
 
     def __init__(self, door: FrontDoor, backends: Backends, cfg: ServiceConfig, token: str) -> None:
         self.door, self.backends, self.cfg, self.token = door, backends, cfg, token
+        self.trusted = trusted_networks(cfg.trust_network)
         self._beat: asyncio.Task[None] | None = None
 
     def app(self) -> web.Application:
@@ -91,7 +109,7 @@ class Service:
     # ------------------------------------------------------------------ middlewares
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.cfg.auth:
+        if self.cfg.auth and not trusted(request.remote, self.trusted):
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 return _detail(401, "missing or wrong bearer token (the run secret: RUN/control/secret)")
@@ -139,7 +157,8 @@ class Service:
             return _detail(503, "not running")
         counts = await asyncio.get_running_loop().run_in_executor(None, self.door.stage_counts)
         return _json(200, {"status": "running", "pending_jobs": self.door.pending(), **counts,
-                           "in_flight": len(self.door.jobs), "llm_servers": list(self.backends.urls),
+                           "in_flight": len(self.door.jobs), "job_ids_in_flight": len(self.door.by_job_id),
+                           "llm_servers": list(self.backends.urls),
                            **{f"total_{k}": v for k, v in sorted(self.door.counts.items())}})
 
     async def add_llm_server(self, request: web.Request) -> web.Response:
@@ -160,15 +179,16 @@ class Service:
         job_id = (await self._body(request)).get("job_id")
         if not isinstance(job_id, str):
             raise wire.WireError(400, "job_id must be a string")
-        if not self.door.cancel(job_id, f"job {job_id} cancelled by /cancel"):
+        n = self.door.cancel(job_id, f"job {job_id} cancelled by /cancel")
+        if not n:
             return _detail(404, f"no job {job_id!r} in flight")
-        return _json(200, {"status": f"Cancel requested for job {job_id}"})
+        return _json(200, {"status": f"Cancel requested for job {job_id}", "cancelled": n})
 
     # ------------------------------------------------------------------ /process
     async def process(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         instance, _handler = wire.check_instance(body.get("instance"))
-        sampling = wire.check_sampling(body.get("sampling_params"))
+        sampling = wire.check_sampling(body.get("sampling_params"), self.cfg.token_level)
         job_id = wire.check_job_id(body.get("job_id"), str(uuid.uuid4()))
         if not self.door.running:
             return _detail(503, "not running: POST /start first")
@@ -183,5 +203,5 @@ class Service:
         except JobEnded as ended:
             return _json(ended.status, ended.body) if ended.body is not None else _detail(ended.status, str(ended))
         except asyncio.CancelledError:  # the client went away: stop the episode, free its sandbox
-            self.door.cancel(job_id, "client disconnected")
+            self.door.disconnected(job)
             raise

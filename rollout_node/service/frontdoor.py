@@ -8,6 +8,8 @@ Guarantees:
 - Every job table change happens on the event loop; every spool call runs on ONE I/O thread (a
   ``Spool`` object belongs to one thread), batched per pump round: puts, cancel markers, one
   ``claim_shards`` and one ``commit``. No thread per request: a ``/process`` awaits its future.
+- Several ``/process`` calls may share a ``job_id`` (a GRPO group): each is its own job (own task,
+  own ``trajectory_id``); ``/cancel`` ends every one of them.
 - A job ends exactly once: with its trajectory, cancelled (``/cancel``, ``/stop``) or timed out;
   a cancelled or timed-out job's task gets a cancel marker (its node stops it and closes its
   sandbox) and its late row is committed and counted, never answered twice.
@@ -57,8 +59,11 @@ class JobEnded(Exception):
 
 @dataclass(eq=False)
 class Job:
+    """One ``/process`` call; the calls of a group share ``job_id``, each has its own task and trajectory id."""
+
     job_id: str
     task_id: str
+    trajectory_id: str
     instance: dict[str, Any]
     token_level: bool
     deadline: float
@@ -89,7 +94,7 @@ class FrontDoor:
         self.io = ThreadPoolExecutor(1, thread_name_prefix="raas-spool")
         self.spool: Spool | None = None
         self.jobs: dict[str, Job] = {}          # task id -> job
-        self.by_job_id: dict[str, str] = {}     # job id -> task id
+        self.by_job_id: dict[str, set[str]] = {}  # job id -> task ids (a group shares one job id)
         self.counts: Counter[str] = Counter()
         self.running = False
         self._round = Round()
@@ -120,28 +125,38 @@ class FrontDoor:
 
     # ------------------------------------------------------------------ jobs
     def submit(self, job_id: str, instance: dict[str, Any], sampling: dict[str, Any]) -> Job:
-        """Register a job and queue its spool task for the next round (raises WireError 409)."""
-        if job_id in self.by_job_id:
-            raise wire.WireError(409, f"job_id {job_id!r} is already in flight; use another id")
+        """Register a job (one more member of ``job_id``'s group) and queue its spool task for the next round."""
         task_id = f"raas-{secrets.token_hex(8)}"
-        job = Job(job_id, task_id, instance, bool(sampling.get("token_level_generation")),
-                  time.monotonic() + self.timeout_s, asyncio.get_running_loop().create_future())
-        self.jobs[task_id], self.by_job_id[job_id] = job, task_id
+        job = Job(job_id, task_id, self._trajectory_id(job_id, instance, task_id), instance,
+                  bool(sampling["token_level_generation"]), time.monotonic() + self.timeout_s,
+                  asyncio.get_running_loop().create_future())
+        self.jobs[task_id] = job
+        self.by_job_id.setdefault(job_id, set()).add(task_id)
         self._round.puts.append(wire.spool_task(task_id, job_id, instance, sampling))
         self.counts["submitted"] += 1
         self._wake.set()
         return job
 
-    def cancel(self, job_id: str, reason: str, status: int = 200) -> bool:
-        """End a job now as cancelled; its node is told to stop it (False if unknown)."""
-        task_id = self.by_job_id.get(job_id)
-        job = self.jobs.get(task_id) if task_id else None
-        if job is None:
-            return False
-        self._end(job, JobEnded(status, reason, wire.failure(job.job_id, job.instance, reason, None)
-                                if status == 200 else None))
-        self.counts["cancelled"] += 1
-        return True
+    def _trajectory_id(self, job_id: str, instance: dict[str, Any], task_id: str) -> str:
+        """The instance's ``trajectory_id``, made unique within its group; else the task id."""
+        given = str(instance.get("trajectory_id") or "")
+        taken = {self.jobs[t].trajectory_id for t in self.by_job_id.get(job_id, ()) if t in self.jobs}
+        return task_id if not given else given if given not in taken else f"{given}:{task_id}"
+
+    def cancel(self, job_id: str, reason: str) -> int:
+        """End every job of ``job_id`` now as cancelled (answer 200, ``status: cancelled``); their nodes
+        are told to stop them. Returns how many were in flight."""
+        group = [self.jobs[t] for t in sorted(self.by_job_id.get(job_id, ())) if t in self.jobs]
+        for job in group:
+            self._end(job, JobEnded(200, reason, wire.failure(job.job_id, job.trajectory_id, job.instance, reason, None)))
+        self.counts["cancelled"] += len(group)
+        return len(group)
+
+    def disconnected(self, job: Job) -> None:
+        """The client of one call went away: stop that episode only (its group goes on)."""
+        if self.jobs.get(job.task_id) is job:
+            self._end(job, JobEnded(499, "client disconnected"))
+            self.counts["cancelled"] += 1
 
     def fail_all(self, status: int, reason: str) -> int:
         jobs = list(self.jobs.values())
@@ -152,7 +167,10 @@ class FrontDoor:
 
     def _end(self, job: Job, outcome: JobEnded | dict[str, Any]) -> None:
         self.jobs.pop(job.task_id, None)
-        self.by_job_id.pop(job.job_id, None)
+        group = self.by_job_id.get(job.job_id, set())
+        group.discard(job.task_id)
+        if not group:
+            self.by_job_id.pop(job.job_id, None)
         if isinstance(outcome, JobEnded):
             self._round.cancels.append(job.task_id)
             self._wake.set()
@@ -237,8 +255,9 @@ class FrontDoor:
         for job in [j for j in self.jobs.values() if now > j.deadline]:
             held = f"; last held by node {job.holders[-1]}" if job.holders else "; no node had claimed it"
             self.counts["timed_out"] += 1
-            self._end(job, JobEnded(504, f"job {job.job_id} passed the {self.timeout_s:g} s timeout and was "
-                                    f"cancelled{held}"))
+            message = f"job {job.job_id} passed the {self.timeout_s:g} s timeout and was cancelled{held}"
+            body = {"detail": message, **wire.failure(job.job_id, job.trajectory_id, job.instance, message, "timeout")}
+            self._end(job, JobEnded(504, message, body))
 
     def _answer(self, job: Job, traj: Trajectory) -> None:
         writer = str(traj.metrics.get("node") or (job.holders[-1] if job.holders else ""))
@@ -247,7 +266,14 @@ class FrontDoor:
         if traj.attempt > 0:
             log.warning("job %s ran %d times (lease lost by %s)", job.job_id, traj.attempt + 1, node["previous_nodes"])
             self.counts["rerun_after_lost_lease"] += 1
-        body = wire.result(traj, job.job_id, job.instance, job.token_level, time.monotonic() - job.t0, node)
+        try:
+            body = wire.result(traj, job.job_id, job.trajectory_id, job.instance, job.token_level,
+                               time.monotonic() - job.t0, node)
+        except ValueError as exc:  # a token record that breaks its own rules: never hand it to a trainer
+            log.error("job %s: unusable token record: %s", job.job_id, exc)
+            self.counts["failed"] += 1
+            self._end(job, JobEnded(500, f"job {job.job_id}: the episode's token record is inconsistent ({exc})"))
+            return
         self.counts["completed" if body["success"] else "failed"] += 1
         self._end(job, body)
 

@@ -8,8 +8,9 @@ Guarantees:
   ``max_output_tokens`` (tokens per generation); ``rollout.max_tokens`` and the server's context
   length still cap the episode.
 - ``messages`` is built from the loop's own turn log: assistant ``token_ids``/``logprobs`` are the
-  completion's, as the backend produced them (never decoded and encoded again); the text is decoded
-  only for display.
+  completion's, as the backend produced them (never decoded and encoded again), with the turn's
+  ``prompt_len`` (its prompt is the trajectory's first ``prompt_len`` IDs: the answer cuts
+  ``input_ids`` from there, so the shard stores no prompt twice); the text is decoded only for display.
 - Balancing: an episode key (the task id) is assigned once, to the live backend with the fewest
   episodes assigned so far in this process, and keeps it for every turn (prefix cache) unless that
   backend fails or is cleared; then the next least-assigned live one takes over.
@@ -25,6 +26,7 @@ from typing import Any
 from rollout_node.agent import AgentLoop, EpisodeSeed, SandboxTools, task_messages
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.result import EpisodeResult
+from rollout_node.agent.toolcall import ToolCall
 from rollout_node.pipeline.llm import LLMPolicy, _stop_reason, _VersionTap
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
@@ -64,15 +66,28 @@ class LeastAssignedClient(InferenceClient):
 
 
 def messages_of(policy_template: Any, problem: str, result: EpisodeResult, observation_role: str) -> list[dict[str, Any]]:
-    """ProRL's ``messages``: system, user, then per turn the assistant's generation and the observation."""
+    """ProRL's ``messages``: system, user, then per turn the assistant's generation and what answered it.
+
+    An assistant turn that made a well-formed tool call carries ``tool_calls: [{"name", "arguments",
+    "id"}]`` (ProRL's flattened form; ids ``call_1``, ``call_2``... in episode order, as NeMo Gym numbers
+    them) and the observation that answers it is a ``tool`` message with that ``tool_call_id``; feedback
+    on a turn without a usable call keeps ``observation_role`` (the role the model saw it as)."""
     out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in task_messages(problem)]
+    calls = 0
     for turn in result.turns:
         c = turn.completion
-        out.append({"role": "assistant", "content": policy_template.decode(c.token_ids),
-                    "token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "prompt_len": turn.prompt_len,
-                    "finish_reason": c.finish_reason})
+        message: dict[str, Any] = {"role": "assistant", "content": policy_template.decode(c.token_ids),
+                                   "token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
+                                   "prompt_len": turn.prompt_len, "finish_reason": c.finish_reason}
+        answer: dict[str, Any] = {"role": observation_role, "content": turn.observation}
+        if isinstance(turn.call, ToolCall):
+            calls += 1
+            message["tool_calls"] = [{"name": turn.call.name, "arguments": dict(turn.call.arguments),
+                                      "id": f"call_{calls}"}]
+            answer = {"role": "tool", "content": turn.observation, "tool_call_id": f"call_{calls}"}
+        out.append(message)
         if turn.observation:
-            out.append({"role": observation_role, "content": turn.observation})
+            out.append(answer)
     return out
 
 

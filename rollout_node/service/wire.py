@@ -6,10 +6,13 @@ Guarantees:
   the fix; nothing here does I/O.
 - ``data_source`` names map to handlers through :data:`DATA_SOURCES` (the list README documents);
   an unknown or missing name is a 400 that lists the accepted ones.
-- The result carries ProRL's fields (``instance_id``, ``trajectory_id``, ``git_patch``, ``resolved``,
-  ``success``, ``finish``, ``error``, ``critical_error``, ``messages``, ``timing``) plus spoolrl's own
-  (``status``, ``reward``, the whole token record with per-token ``policy_versions``). Token IDs and
-  logprobs are copied from the trajectory, which holds them exactly as the backend produced them.
+- The result carries ProRL's fields (``instance_id``, ``trajectory_id``, ``git_patch`` (null when
+  none), ``resolved``, ``success``, ``finish``, ``end_properly``, ``filter``, ``error``,
+  ``critical_error``, ``tools``, ``messages``, ``timing``) plus spoolrl's own (``status``, ``reward``,
+  the whole token record with per-token ``policy_versions``). Token IDs and logprobs are copied from
+  the trajectory, which holds them exactly as the backend received and produced them; with token-level
+  generation (the server's default) every assistant message carries its turn's ``input_ids``,
+  ``token_ids`` and ``logprobs`` (:mod:`rollout_node.service.turns`, prefix rule checked).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc.records import TaskRecord
-from hpc.trajectory import Status, Trajectory
+from hpc.trajectory import Status, Trajectory, sampling_refusal, training_refusal
+from rollout_node.agent.toolcall import TOOL_DOCS, TOOL_SPECS
+from rollout_node.service.turns import turns_of
 
 # instance.data_source -> handler. Every SWE-bench-format source runs the same SWE handler: the
 # INIT -> RUN -> EVAL pipeline on SWE-bench fields (repo, base_commit, patch, test_patch, tests).
@@ -52,22 +57,29 @@ def _number(params: Mapping[str, Any], key: str, low: float, high: float) -> flo
     return float(value)
 
 
-def check_sampling(params: Any) -> dict[str, Any]:
-    """The honoured subset of ``sampling_params``, range-checked (ints for the two counts)."""
+def check_sampling(params: Any, token_level: bool = True) -> dict[str, Any]:
+    """The honoured subset of ``sampling_params``, range-checked (ints for the two counts); sampling the
+    trainer cannot reproduce (``hpc.trajectory.sampling_refusal``) is a 400. ``token_level_generation``
+    defaults to the server's ``token_level``."""
     if params is None:
-        return {}
+        params = {}
     if not isinstance(params, Mapping):
         raise WireError(400, "sampling_params must be a JSON object")
     out: dict[str, Any] = {}
-    for key, low, high in (("temperature", 1e-6, 100.0), ("top_p", 1e-6, 1.0)):
+    for key, low, high in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0)):
         if (v := _number(params, key, low, high)) is not None:
             out[key] = v
+    if why := sampling_refusal(out.get("temperature", 1.0), out.get("top_p", 1.0)):
+        raise WireError(400, f"sampling_params: {why}")
     for key in ("max_iterations", "max_output_tokens"):
         if (v := _number(params, key, 1, 1_000_000)) is not None:
             if v != int(v):
                 raise WireError(400, f"sampling_params.{key}: {params[key]!r} must be a whole number")
             out[key] = int(v)
-    out["token_level_generation"] = bool(params.get("token_level_generation", False))
+    level = params.get("token_level_generation", token_level)
+    if not isinstance(level, bool):
+        raise WireError(400, f"sampling_params.token_level_generation: {level!r} must be true or false")
+    out["token_level_generation"] = level
     return out
 
 
@@ -118,22 +130,46 @@ def timing(traj: Trajectory, elapsed_s: float) -> dict[str, float]:
     return {**{k: round(v, 4) for k, v in stages.items()}, "others": round(max(0.0, elapsed_s - sum(stages.values())), 4)}
 
 
-def result(traj: Trajectory, job_id: str, instance: Mapping[str, Any], token_level: bool, elapsed_s: float,
-           node: dict[str, Any]) -> dict[str, Any]:
-    """The ``/process`` answer for a finished trajectory (see the module docstring)."""
-    metrics = dict(traj.metrics)
-    messages = [dict(m) for m in metrics.get("service_messages", [])]
+def chat_tools() -> list[dict[str, Any]]:
+    """The agent's tools in ChatCompletion format (ProRL's ``tools``), from the parser's own table."""
+    docs = {line[2:].split(" ", 1)[0]: line.split(": ", 1)[1] for line in TOOL_DOCS.splitlines() if line.startswith("- ")}
+    kinds = {str: "string", int: "integer", float: "number"}
+    return [{"type": "function", "function": {
+        "name": name, "description": docs[name],
+        "parameters": {"type": "object", "properties": {a: {"type": kinds[t]} for a, (t, _) in args.items()},
+                       "required": [a for a, (_, needed) in args.items() if needed]}}}
+        for name, args in TOOL_SPECS.items()]
+
+
+def messages(traj: Trajectory, stored: list[dict[str, Any]], token_level: bool) -> list[dict[str, Any]]:
+    """The answer's ``messages``: with ``token_level``, each assistant message gets its turn's exact
+    ``input_ids`` (cut from the trajectory) besides ``token_ids``/``logprobs``; without, none of the three."""
+    out = [dict(m) for m in stored]
+    assistant = [m for m in out if m["role"] == "assistant"]
     if not token_level:
-        for m in messages:
+        for m in assistant:
             m.pop("token_ids", None)
             m.pop("logprobs", None)
+        return out
+    calls = [(int(m["prompt_len"]), m["token_ids"], m["logprobs"]) for m in assistant]
+    for m, turn in zip(assistant, turns_of(traj.token_ids.tolist(), calls), strict=True):
+        m.update(turn.fields())
+    return out
+
+
+def result(traj: Trajectory, job_id: str, trajectory_id: str, instance: Mapping[str, Any], token_level: bool,
+           elapsed_s: float, node: dict[str, Any]) -> dict[str, Any]:
+    """The ``/process`` answer for a finished trajectory (see the module docstring)."""
+    metrics = dict(traj.metrics)
     error = metrics.get("error") or (None if traj.status in (Status.OK, Status.TRUNCATED) else traj.status.value)
     return {
-        "instance_id": instance["instance_id"], "trajectory_id": str(instance.get("trajectory_id", job_id)),
-        "job_id": job_id, "git_patch": str(metrics.get("git_patch", "")), "resolved": traj.reward == 1.0,
+        "instance_id": instance["instance_id"], "trajectory_id": trajectory_id, "job_id": job_id,
+        "git_patch": metrics.get("git_patch") or None, "resolved": traj.reward == 1.0,
         "success": not traj.status.infrastructure and traj.status != Status.CANCELLED,
-        "finish": bool(metrics.get("submitted", False)), "error": error, "critical_error": critical_stage(traj),
-        "messages": messages, "timing": timing(traj, elapsed_s),
+        "finish": bool(metrics.get("submitted", False)), "end_properly": traj.status == Status.OK,
+        "filter": not traj.status.trainable or bool(training_refusal(traj.logprob_kind, traj.sampling)), "error": error, "critical_error": critical_stage(traj),
+        "tools": chat_tools(), "messages": messages(traj, metrics.get("service_messages", []), token_level),
+        "timing": timing(traj, elapsed_s),
         "status": traj.status.value, "reward": traj.reward, "stop_reason": metrics.get("stop_reason"),
         "token_ids": traj.token_ids.tolist(), "loss_mask": traj.loss_mask.tolist(),
         "logprobs": traj.logprobs.tolist(), "policy_versions": traj.policy_versions.tolist(),
@@ -141,9 +177,11 @@ def result(traj: Trajectory, job_id: str, instance: Mapping[str, Any], token_lev
     }
 
 
-def failure(job_id: str, instance: Mapping[str, Any], error: str, critical: str | None) -> dict[str, Any]:
-    """A result with no trajectory (stopped before any node reported one)."""
-    return {"instance_id": instance.get("instance_id"), "trajectory_id": str(instance.get("trajectory_id", job_id)),
-            "job_id": job_id, "git_patch": "", "resolved": False, "success": False, "finish": False, "error": error,
-            "critical_error": critical, "messages": [], "timing": {"init": 0.0, "run": 0.0, "eval": 0.0, "others": 0.0},
-            "status": Status.CANCELLED.value, "reward": None}
+def failure(job_id: str, trajectory_id: str, instance: Mapping[str, Any], error: str,
+            critical: str | None) -> dict[str, Any]:
+    """A result with no trajectory (cancelled, or past its deadline: ``critical`` ``"timeout"``)."""
+    return {"instance_id": instance.get("instance_id"), "trajectory_id": trajectory_id, "job_id": job_id,
+            "git_patch": None, "resolved": False, "success": False, "finish": False, "end_properly": False,
+            "filter": True, "error": error, "critical_error": critical, "tools": chat_tools(), "messages": [],
+            "timing": {"init": 0.0, "run": 0.0, "eval": 0.0, "others": 0.0},
+            "status": Status.TIMEOUT.value if critical == "timeout" else Status.CANCELLED.value, "reward": None}

@@ -1,5 +1,6 @@
 """The rollout-only service job (``spoolrl render --service``): golden text, ``bash -n`` and
-shellcheck clean with a nasty run path, and the step runs ``rollout-server`` on every task."""
+shellcheck clean with a nasty run path, the step runs ``rollout-server`` on every task, with
+``--trust-network`` from ``service.trust_network``; a bad CIDR is refused naming the key or flag."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from hpc.render import render_service
 
 GOLDEN = Path(__file__).parent / "golden" / "service.sbatch"
 NASTY_RUN = "/shared/runs/my run \"quoted\" it's 100% #1"
-OVERRIDES = ["slurm.rollout.nodes=3", "slurm.rollout.ntasks_per_node=2", "slurm.rollout.python=/opt/my env/bin/python3"]
+OVERRIDES = ["slurm.rollout.nodes=3", "slurm.rollout.ntasks_per_node=2", "slurm.rollout.python=/opt/my env/bin/python3",
+             "service.trust_network=10.0.0.0/8, fd00::/8"]
 
 
 def _text() -> str:
@@ -42,7 +44,7 @@ def test_service_job_is_clean_shell(tmp_path: Path) -> None:
 def test_service_job_shape() -> None:
     text = _text()
     assert "#SBATCH hetjob" not in text and "--ntasks=6" in text and "ROLES=(service)" in text
-    assert "rollout-server --host 0.0.0.0 --port 0 --run \"$SPOOLRL_RUN\"" in text
+    assert "rollout-server --host 0.0.0.0 --port 0 --run \"$SPOOLRL_RUN\" --trust-network 10.0.0.0/8,fd00::/8" in text
     assert "rollout-node" not in text.split("ROLES=(service)", 1)[1].split("# Contract", 1)[0]
 
 
@@ -50,3 +52,17 @@ def test_render_cli_service_flag(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert main(["render", "--service", "--run", str(tmp_path / "r"), *OVERRIDES]) == 0
     out = capsys.readouterr().out
     assert "spoolrl-service" in out and "rollout-server" in out and "train-node" not in out.split("# Contract")[0]
+
+
+def test_no_trusted_network_no_flag() -> None:
+    text = render_service(load_config(None, OVERRIDES[:3]), NASTY_RUN).text
+    assert "--trust-network" not in text and 'rollout-server --host 0.0.0.0 --port 0 --run "$SPOOLRL_RUN"\'' in text
+
+
+def test_bad_cidr_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["render", "--service", "--run", str(tmp_path / "r"), "service.trust_network=10.0.0.1/8"]) != 0
+    err = capsys.readouterr().err
+    assert "service.trust_network" in err and "host bits" in err and "10.0.0.0/8" in err
+    assert main(["rollout-server", "--trust-network", "10.0.0.0/33", "--run", str(tmp_path / "s")]) != 0
+    err = capsys.readouterr().err
+    assert "--trust-network" in err and "10.0.0.0/33" in err and not (tmp_path / "s").exists()

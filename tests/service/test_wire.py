@@ -150,7 +150,8 @@ def check_one_episode(stack: Any) -> None:
     assert code == 200, res
     assert (res["instance_id"], res["trajectory_id"], res["job_id"]) == (INSTANCE_ID, "traj-7", "job-1")
     assert res["critical_error"] is None and res["success"] is True and res["resolved"] is False
-    assert res["status"] in ("ok", "truncated") and res["reward"] == 0.0 and isinstance(res["git_patch"], str)
+    assert res["status"] in ("ok", "truncated") and res["reward"] == 0.0 and (res["git_patch"] is None or res["git_patch"].strip() != "")
+    assert res["filter"] is False and res["end_properly"] is (res["status"] == "ok")
     assert set(res["timing"]) == {"init", "run", "eval", "others"} and res["timing"]["eval"] > 0
     assert [m["role"] for m in res["messages"][:2]] == ["system", "user"]
     turns = [m for m in res["messages"] if m["role"] == "assistant"]
@@ -161,8 +162,12 @@ def check_one_episode(stack: Any) -> None:
     assert gen == [t for m in turns for t in m["token_ids"]]
     assert {v for v, m in zip(res["policy_versions"], res["loss_mask"], strict=True) if m == 1} == {VERSION}
     assert res["node"] and res["attempt"] == 0 and res["previous_nodes"] == []
+    plain = {"max_iterations": 1, "token_level_generation": False}
+    code, res, _ = _call(stack, "/process", {"instance": builtin_instance(), "sampling_params": plain})
+    assert code == 200 and not {"token_ids", "input_ids"} & {k for m in res["messages"] for k in m}  # not token-level
     code, res, _ = _call(stack, "/process", {"instance": builtin_instance(), "sampling_params": {"max_iterations": 1}})
-    assert code == 200 and "token_ids" not in [k for m in res["messages"] for k in m]  # not token-level
+    turn = next(m for m in res["messages"] if m["role"] == "assistant")  # token level is the server's default
+    assert code == 200 and turn["input_ids"] == res["token_ids"][: len(turn["input_ids"])] and turn["token_ids"]
 
 
 def check_cancel_admission_timeout_stop(stack: Any) -> None:
@@ -196,6 +201,7 @@ def check_cancel_admission_timeout_stop(stack: Any) -> None:
     assert _call(stack, "/start", {})[0] == 200  # the backends registered before /stop come back
     late = _call(stack, "/process", {"instance": builtin_instance(), "job_id": "late-1"}, timeout=60)
     assert late[0] == 504 and "late-1" in late[1]["detail"] and "last held by node" in late[1]["detail"]
+    assert late[1]["critical_error"] == "timeout" and late[1]["git_patch"] is None and late[1]["job_id"] == "late-1"
     assert _call(stack, "/status")[1]["total_timed_out"] == 1
     assert _call(stack, "/stop", {})[0] == 200
     hole.release()
