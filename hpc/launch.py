@@ -234,11 +234,16 @@ def _squeue_states(job_ids: tp.Sequence[str]) -> dict[str, list[str]]:
     return _collect((a, b) for a, b in rows)
 
 
+def scancel(job_ids: tp.Sequence[str]) -> None:
+    """scancel these jobs (every het group of each); SlurmError if scancel refuses."""
+    if job_ids and _run(["scancel", *job_ids]) is None:
+        raise SlurmError(f"scancel {' '.join(job_ids)} failed; check 'squeue -j {','.join(job_ids)}'")
+
+
 def cancel_all(paths: RunPaths) -> list[str]:
     """scancel every recorded job that is still active; returns their ids."""
     ids = [r.job_id for r, _ in active_jobs(paths)]
-    if ids and _run(["scancel", *ids]) is None:
-        raise SlurmError(f"scancel {' '.join(ids)} failed; check 'squeue -j {','.join(ids)}'")
+    scancel(ids)
     return ids
 
 
