@@ -26,7 +26,8 @@ Guarantees:
 - ``wait`` returns the final Slurm state of the submission (``COMPLETED``, ``CANCELLED``), raises
   :class:`RunFailed` naming the failing group (the batch script's ``job ends:`` line) when a job
   ended FAILED/TIMEOUT/NODE_FAIL/OUT_OF_MEMORY/BOOT_FAIL/DEADLINE, and ``TimeoutError`` after
-  ``timeout`` seconds (the jobs keep running).
+  ``timeout`` seconds (the jobs keep running). A job neither sacct nor squeue knows reads UNKNOWN and
+  counts as not ended (without accounting, pass a ``timeout``).
 """
 
 from __future__ import annotations

@@ -81,3 +81,17 @@ def test_slurm_array_matches_local_and_retries_a_killed_chunk(slurm: None, tmp_p
     state = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", retry], capture_output=True, text=True)
     assert state.stdout.split() == ["COMPLETED"], state  # the retry ran as its own job and gave the rows
     assert time.monotonic() - killed_at < 240
+
+
+def test_chunks_are_contiguous_nearly_equal_and_named() -> None:
+    from hpc.cli.tasks_slurm import split_chunks
+    from hpc.errors import UsageError
+
+    tasks = list(range(10))
+    chunks = split_chunks(tasks, 4)  # type: ignore[arg-type]
+    assert [c.name for c in chunks] == ["chunk-0", "chunk-1", "chunk-2", "chunk-3"]
+    assert {len(c.tasks) for c in chunks} == {2, 3} and [t for c in chunks for t in c.tasks] == tasks
+    assert [c.name for c in split_chunks(tasks, 12)][-1] == "chunk-9"  # never more chunks than instances
+    assert split_chunks(list(range(20)), 11)[10].name == "chunk-10" and split_chunks(tasks, 11)[0].name == "chunk-0"
+    with pytest.raises(UsageError, match="--chunks"):
+        split_chunks(tasks, 0)
