@@ -78,11 +78,13 @@ def split_chunks(tasks: list[TaskInstance], chunks: int) -> list[Chunk]:
 
 def run_chunk(tasks: list[TaskInstance], cfg: RunConfig, cache: Path, scratch: Path | None, timeout_s: float,
               jobs: int) -> list[Row]:
-    """One array task: the local check of ``tasks`` (``scratch`` None = a temporary directory on the node)."""
+    """One array task: the local check of ``tasks`` (``scratch`` None = sandbox.scratch_dir, else a
+    temporary directory on the node)."""
     from hpc.cli.tasks import check_rows
 
     with tempfile.TemporaryDirectory(prefix="spoolrl-tasks-check-") as tmp:
-        return list(check_rows(tasks, cfg, cache, scratch or Path(tmp), timeout_s, jobs))
+        where = scratch or Path(cfg.sandbox.scratch_dir or tmp)  # as the local check chooses it
+        return list(check_rows(tasks, cfg, cache, where, timeout_s, jobs))
 
 
 def _executor(cfg: RunConfig, options: SlurmCheckOptions) -> tp.Any:
@@ -101,11 +103,16 @@ def _executor(cfg: RunConfig, options: SlurmCheckOptions) -> tp.Any:
 
 def _outcome(job: Job[list[Row]]) -> tuple[list[Row] | None, str]:
     """(rows, "") for an array task that returned, else (None, why not)."""
+    from submitit.core.utils import FailedJobError
+
     try:
         return job.result(), ""
-    except Exception as exc:  # noqa: BLE001 - submitit raises its own errors for every way a job can fail
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"job {job.job_id} {job.state}: {first}"
+    except FailedJobError as exc:  # the chunk raised: the traceback's last line names the exception
+        trace = str(exc).split("----------------------\n")
+        return None, f"job {job.job_id} raised {trace[1].strip().splitlines()[-1] if len(trace) > 2 else exc}"
+    except Exception as exc:  # noqa: BLE001 - cancelled, preempted, killed, timed out: submitit's first line
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"job {job.job_id} {job.state}: {detail}"
 
 
 def _submit_array(ex: tp.Any, chunks: list[Chunk], args: tuple[tp.Any, ...]) -> list[Job[list[Row]]]:
