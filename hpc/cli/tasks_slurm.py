@@ -105,6 +105,11 @@ def _outcome(job: Job[list[Row]]) -> tuple[list[Row] | None, str]:
     """(rows, "") for an array task that returned, else (None, why not)."""
     from submitit.core.utils import FailedJobError
 
+    state = job.state
+    if state.split()[0] not in ("COMPLETED", "FAILED") and not job.paths.result_pickle.exists():
+        # killed from outside (cancel, preemption, time limit, node): no result will come, so do not let
+        # submitit wait its 15 s for a result file a slow shared filesystem might not show yet
+        return None, f"job {job.job_id} {state}: ended without a result"
     try:
         return job.result(), ""
     except FailedJobError as exc:  # the chunk raised: the traceback's last line names the exception

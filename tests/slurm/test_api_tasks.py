@@ -48,7 +48,8 @@ def test_slurm_array_matches_local_and_retries_a_killed_chunk(slurm: None, tmp_p
     name = f"spoolrl-tc-{uuid.uuid4().hex[:6]}"
     folder = SHARED / "spoolrl-tests" / name
     picks = [a for i in _instances() for a in ("--instance", i)]
-    spoolrl = [sys.executable, "-m", "hpc.cli", "tasks", "check", "builtin", f"slurm.job_name={name}"]
+    spoolrl = [sys.executable, "-m", "hpc.cli", "tasks", "check", "builtin", f"slurm.job_name={name}",
+               "slurm.rollout.mem_gb=0.5"]  # the retry need not wait for a node's memory
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).resolve().parents[2]))}
     fanned = subprocess.Popen([*spoolrl, *picks, "--slurm", "--chunks", "3", "--array-parallelism", "3",
                                "--slurm-dir", str(folder), "--jobs", "1"],
