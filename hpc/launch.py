@@ -191,13 +191,15 @@ def active_jobs(paths: RunPaths) -> list[tuple[JobRecord, str]]:
 
 
 def query_states(job_ids: tp.Sequence[str]) -> dict[str, list[str]]:
-    """job id -> the state of each of its groups (index k = het group k), from sacct, else squeue."""
+    """job id -> the state of each of its groups (index k = het group k): squeue's for a job it lists
+    as active (slurmdbd lags: sacct showed a running het job as one PENDING row for ~4 s here),
+    else sacct's, else squeue's."""
     if not job_ids:
         return {}
     states = _sacct_states(job_ids)
-    missing = [j for j in job_ids if j not in states]
-    if missing:
-        states.update(_squeue_states(missing))
+    for job_id, live in _squeue_states(job_ids).items():
+        if job_id not in states or any(s.split()[0] in ACTIVE_STATES for s in live):
+            states[job_id] = live
     return states
 
 
@@ -234,11 +236,16 @@ def _squeue_states(job_ids: tp.Sequence[str]) -> dict[str, list[str]]:
     return _collect((a, b) for a, b in rows)
 
 
+def scancel(job_ids: tp.Sequence[str]) -> None:
+    """scancel these jobs (every het group of each); SlurmError if scancel refuses."""
+    if job_ids and _run(["scancel", *job_ids]) is None:
+        raise SlurmError(f"scancel {' '.join(job_ids)} failed; check 'squeue -j {','.join(job_ids)}'")
+
+
 def cancel_all(paths: RunPaths) -> list[str]:
     """scancel every recorded job that is still active; returns their ids."""
     ids = [r.job_id for r, _ in active_jobs(paths)]
-    if ids and _run(["scancel", *ids]) is None:
-        raise SlurmError(f"scancel {' '.join(ids)} failed; check 'squeue -j {','.join(ids)}'")
+    scancel(ids)
     return ids
 
 

@@ -1,5 +1,6 @@
-"""Verbs that face Slurm: ``render``, ``launch``, ``status``, ``cancel``, ``resume``, ``scale``; and
-:func:`launch_run`, the same launch from Python.
+"""Verbs that face Slurm: ``render``, ``launch``, ``status``, ``cancel``, ``resume``, ``scale``.
+
+Each verb is a thin face over :mod:`hpc.cli.api` (the Python API: ``Run``, ``Submission``): one code path.
 
 Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
 touch nothing; ``launch`` creates the run directory (the one ``init`` code path), submits, prints
@@ -15,12 +16,11 @@ import typing as tp
 from pathlib import Path
 
 from hpc.cli.util import add_config_args, add_run_arg, print_json, warn_unchecked_model
-from hpc.errors import RunDirError, UsageError
+from hpc.errors import UsageError
 
 if tp.TYPE_CHECKING:
+    from hpc.cli.api import Submission
     from hpc.config import RunConfig
-    from hpc.launch import HetSlurmJob
-    from hpc.render import RenderedJob
 
 
 def split_run_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -33,14 +33,13 @@ def split_run_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
-    from hpc.config import load_config
+    from hpc.cli.api import config_source, load_run_config
 
     run, overrides = split_run_arg(args)
-    config = load_config(args.config, overrides)
+    config = load_run_config(args.config, overrides)
     warn_unchecked_model(config)
     run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
-    source = " ".join([args.config or "(built-in defaults)", *map(shlex.quote, overrides)])
-    return config, run_dir.absolute(), source
+    return config, run_dir.absolute(), config_source(args.config, overrides)
 
 
 def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
@@ -50,17 +49,12 @@ def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
     return shlex.join(["spoolrl", "init", *config, str(run_dir), *overrides])  # RUN next to the overrides (argparse)
 
 
-def _render_jobs(config: RunConfig, run_dir: Path, source: str, service: bool = False) -> list[RenderedJob]:
-    from hpc.render import render, render_service
-
-    return [render_service(config, run_dir, source=source)] if service else render(config, run_dir, source=source)
-
-
 def _render(args: argparse.Namespace) -> int:
+    from hpc.cli.api import render_jobs
     from hpc.render import joined_text
 
     config, run_dir, source = _resolve(args)
-    jobs = _render_jobs(config, run_dir, source, args.service)
+    jobs = render_jobs(config, run_dir, source, service=args.service)
     if args.output is None:
         sys.stdout.write(joined_text(jobs))
     else:
@@ -75,112 +69,70 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_submitted(submitted: list[tp.Any], run_dir: Path) -> None:
-    for record, _job in submitted:
+def _print_submitted(submission: Submission) -> None:
+    for record in submission.records:
         print(f"submitted job {record.job_id} ({record.name}: {', '.join(record.roles)})")
-    print(f"run: {run_dir}")
+    print(f"run: {submission.root}")
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from hpc.cli.api import Run, render_jobs
     from hpc.render import joined_text
 
     config, run_dir, source = _resolve(args)
-    jobs = _render_jobs(config, run_dir, source, args.service)
     if args.dry_run:
-        sys.stdout.write(joined_text(jobs))
+        sys.stdout.write(joined_text(render_jobs(config, run_dir, source, service=args.service)))
         return 0
-    from hpc.cli.run import init_run
-    from hpc.launch import submit
-
-    paths = init_run(str(run_dir), config)
-    _print_submitted(submit(paths, jobs, kind="launch"), paths.root)
+    _print_submitted(Run.create(run_dir, config, source=source).submit(service=args.service))
     return 0
 
 
-def launch_run(config: RunConfig, run_dir: str | Path, *, source: str = "python") -> list[HetSlurmJob]:
-    """From Python: create the run directory, submit its job(s), return submitit handles
-    (``job.state``, ``job.done()``, ``job.cancel()``, ``job.group_states(n)``).
-
-    It lives in the face because creating a run may build the tiny model (``init_run``)."""
-    from hpc.cli.run import init_run
-    from hpc.launch import submit
-    from hpc.render import render
-
-    jobs = render(config, run_dir, source=source)
-    paths = init_run(str(run_dir), config)
-    return [handle for _, handle in submit(paths, jobs, kind="launch")]
-
-
-def _open(run: str) -> tuple[tp.Any, RunConfig]:
-    from hpc.rundir import open_run
-
-    return open_run(run)
-
-
 def _resume(args: argparse.Namespace) -> int:
-    from hpc.config import apply_overrides, config_from_dict, to_dict
-    from hpc.launch import active_jobs, submit
-    from hpc.render import render
-    from hpc.rundir import check_resume
+    from hpc.cli.api import Run
 
-    paths, frozen = _open(args.run)
-    active = active_jobs(paths)
-    if active and not args.force:
-        ids = ", ".join(f"{r.job_id} ({state})" for r, state in active)
-        raise RunDirError(f"{paths.root} still has active jobs: {ids}; 'spoolrl cancel {paths.root}' first "
-                          "(or --force to add another job)")
-    config = config_from_dict(apply_overrides(to_dict(frozen), args.overrides)) if args.overrides else frozen
-    changed = check_resume(frozen, config)
-    jobs = render(config, paths.root, source=f"{paths.run_yaml} (resume) {' '.join(args.overrides)}".strip())
+    submission = Run.open(args.run).resume(args.overrides, force=args.force, dry_run=args.dry_run)
     if args.dry_run:
-        from hpc.render import joined_text
-
-        sys.stdout.write(joined_text(jobs))
+        sys.stdout.write(submission.text)
         return 0
-    if changed:
-        print(f"resuming with changed (resumable) keys: {', '.join(changed)}")
-    _print_submitted(submit(paths, jobs, kind="resume"), paths.root)
+    if submission.changed:
+        print(f"resuming with changed (resumable) keys: {', '.join(submission.changed)}")
+    _print_submitted(submission)
     return 0
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from hpc.launch import submit
-    from hpc.render import render_scale
+    from hpc.cli.api import Run
 
-    if args.rollout_nodes < 1:
-        raise UsageError("--rollout-nodes must be at least 1")
-    paths, config = _open(args.run)
-    job = render_scale(config, paths.root, args.rollout_nodes, source=f"{paths.run_yaml} (scale)")
+    submission = Run.open(args.run).scale(args.rollout_nodes, dry_run=args.dry_run)
     if args.dry_run:
-        sys.stdout.write(job.text)
+        sys.stdout.write(submission.text)
         return 0
-    _print_submitted(submit(paths, [job], kind="scale"), paths.root)
+    _print_submitted(submission)
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from hpc.launch import cancel_all
+    from hpc.cli.api import Run
 
-    paths, _ = _open(args.run)
-    ids = cancel_all(paths)
+    ids = Run.open(args.run).cancel()
     print(f"cancelled: {', '.join(ids)}" if ids else "no active jobs")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc.status import format_status, run_status
+    from hpc.cli.api import Run
+    from hpc.status import format_status
 
-    if not (Path(args.run) / "run.yaml").exists():
-        raise RunDirError(f"{args.run} is not a spoolrl run directory (no run.yaml)")
+    run = Run.open(args.run)
     if not args.json and not args.once and sys.stdout.isatty():
         from hpc.status import watch
 
         try:
-            watch(args.run, sys.stdout, interval_s=args.interval_s)
+            watch(run.root, sys.stdout, interval_s=args.interval_s)
         except KeyboardInterrupt:
             pass
         return 0
-    status = run_status(args.run)
+    status = run.status()
     if args.json:
         print_json(status)
     else:

@@ -15,9 +15,12 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from hpc.errors import UsageError
 
 
 def register(sub: Any) -> None:
@@ -37,6 +40,15 @@ def register(sub: Any) -> None:
     ck.add_argument("--timeout-s", type=float, help="time limit of one test run (default rollout.eval_timeout_s)")
     ck.add_argument("--instance", action="append", default=[], help="only these instance ids (repeatable)")
     ck.add_argument("--config", metavar="FILE", help="run.yaml whose sandbox/tasks sections to use")
+    ck.add_argument("--slurm", action="store_true", help="run the check as a submitit job array on CPU nodes "
+                    "(chunks of instances; a failed or preempted chunk is retried once)")
+    ck.add_argument("--chunks", type=int, default=8, help="--slurm: number of chunks = array tasks (default 8)")
+    ck.add_argument("--partition", help="--slurm: partition (default slurm.rollout.partition)")
+    ck.add_argument("--time-min", type=int, help="--slurm: time limit of a chunk in minutes (default "
+                    "slurm.time_limit_min)")
+    ck.add_argument("--array-parallelism", type=int, default=64, help="--slurm: chunks running at once (default 64)")
+    ck.add_argument("--slurm-dir", type=Path, help="--slurm: shared directory for the job logs and the built-in "
+                    "repositories (default ./spoolrl-tasks-check)")
     ck.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     ck.set_defaults(func=cmd_check)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -44,48 +56,70 @@ def register(sub: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from hpc.config import load_config
-    from hpc.errors import UsageError
-    from rollout_node.tasks.instance import load_tasks
     overrides = list(args.overrides)
     if args.runtime:
         overrides.append(f"sandbox.runtime={args.runtime}")
         if args.runtime == "local":
             overrides.append("sandbox.allow_local=true")
     cfg = load_config(args.config, overrides)
-    tasks = load_tasks(args.source)
-    if args.instance:
-        tasks = [t for t in tasks if t.instance_id in set(args.instance)]
-        if not tasks:
-            raise UsageError(f"none of {args.instance} is in {args.source}")
+    tasks = select_tasks(args.source, args.instance)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="spoolrl-tasks-check-") as tmp:
-        cache = _repo_cache(args, cfg, Path(tmp), {t.repo for t in tasks})
-        scratch = args.scratch or Path(cfg.sandbox.scratch_dir or tmp)
-        timeout = args.timeout_s or cfg.rollout.eval_timeout_s
+    timeout = args.timeout_s or cfg.rollout.eval_timeout_s
+    start = time.monotonic()
+    if args.slurm:
+        from hpc.cli.tasks_slurm import SlurmCheckOptions, check_on_slurm
 
-        def one(task: Any) -> dict[str, Any]:
-            return check_task(task, cfg, cache, scratch, timeout)
-
-        failures = 0
-        start = time.monotonic()
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for row in pool.map(one, tasks):
-                failures += not row["ok"]
+        options = SlurmCheckOptions(folder=(args.slurm_dir or Path.cwd() / "spoolrl-tasks-check").absolute(),
+                                    chunks=args.chunks, partition=args.partition, time_min=args.time_min,
+                                    array_parallelism=args.array_parallelism)
+        result = check_on_slurm(args.source, options, config=cfg, instances=args.instance,
+                                repo_cache=args.repo_cache, scratch=args.scratch, timeout_s=timeout, jobs=args.jobs)
+        rows = result.rows
+        for row in rows:
+            print(_json(row), flush=True)
+    else:
+        with tempfile.TemporaryDirectory(prefix="spoolrl-tasks-check-") as tmp:
+            cache = repo_cache(args.source, cfg, args.repo_cache, Path(tmp), {t.repo for t in tasks})
+            scratch = args.scratch or Path(cfg.sandbox.scratch_dir or tmp)
+            rows = []
+            for row in check_rows(tasks, cfg, cache, scratch, timeout, args.jobs):
+                rows.append(row)
                 print(_json(row), flush=True)
+    failures = sum(not row["ok"] for row in rows)
     print(f"tasks check: {len(tasks) - failures}/{len(tasks)} instances ok "
           f"(gold=1, empty=0) in {time.monotonic() - start:.1f} s", file=sys.stderr)
     return 1 if failures else 0
 
 
-def _repo_cache(args: argparse.Namespace, cfg: Any, tmp: Path, repos: set[str]) -> Path:
-    from hpc.errors import UsageError
+def select_tasks(source: str, instances: list[str]) -> list[Any]:
+    """The task set, or only ``instances`` of it (a UsageError if none of them is there)."""
+    from rollout_node.tasks.instance import load_tasks
+
+    tasks = load_tasks(source)
+    if instances:
+        tasks = [t for t in tasks if t.instance_id in set(instances)]
+        if not tasks:
+            raise UsageError(f"none of {instances} is in {source}")
+    return tasks
+
+
+def check_rows(tasks: list[Any], cfg: Any, cache: Path, scratch: Path, timeout_s: float,
+               jobs: int) -> Iterator[dict[str, Any]]:
+    """The rows of ``tasks``, in their order, ``jobs`` evaluations at a time (local; also each Slurm chunk)."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(lambda task: check_task(task, cfg, cache, scratch, timeout_s), tasks)
+
+
+def repo_cache(source: str, cfg: Any, given: Path | None, tmp: Path, repos: set[str]) -> Path:
+    """The mirror directory: ``given``, else tasks.repo_cache; built-in repositories are materialised
+    there (or in ``tmp/repos``) first."""
     from rollout_node.tasks.builtin import ensure_builtin_repos
     from rollout_node.tasks.repos import find_mirror
-    cache = args.repo_cache or (Path(cfg.tasks.repo_cache) if cfg.tasks.repo_cache else None)
+    cache = given or (Path(cfg.tasks.repo_cache) if cfg.tasks.repo_cache else None)
     from hpc.config.tasks import builtin_task_file
 
-    if builtin_task_file(args.source) is not None:
+    if builtin_task_file(source) is not None:
         cache = cache or tmp / "repos"
         ensure_builtin_repos(cache)
     if cache is None:

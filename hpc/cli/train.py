@@ -59,17 +59,11 @@ def _train_node(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from hpc.cli.api import checkpoint_rows
     from hpc.paths import RunPaths
-    from train_node.trainer.checkpoint import lineage
 
     paths = RunPaths(args.run)
-    if not paths.checkpoints.is_dir():
-        from hpc.errors import RunDirError
-
-        raise RunDirError(f"{paths.root} has no checkpoints/ directory; is it a spoolrl run directory?")
-    rows = [{"tag": m["tag"], "step": m["step"], "policy_version": m["policy_version"], "parent": m.get("parent"),
-             "has_state": m["has_state"], "world_size": m.get("world_size"), "shards": m.get("shards", []),
-             "fence_generation": m.get("fence_generation"), "t": m.get("t")} for m in lineage(paths)]
+    rows = checkpoint_rows(paths)
     if args.json:
         print_json({"run": str(paths.root), "checkpoints": rows})
         return 0

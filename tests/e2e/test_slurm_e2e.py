@@ -4,8 +4,10 @@ One heterogeneous job: a train group (DeepSpeed on CPU, gpu partition with a fak
 inference group (the CPU engine, gpu partition) and a rollout group (bwrap sandboxes, cpu
 partition), on the built-in tasks and a tiny model. What is checked:
 
-1. ``launch_run`` submits it; it trains; ``spoolrl cancel`` stops it after its first checkpoint;
-   ``spoolrl resume`` continues from that checkpoint to ``trainer.total_steps``.
+1. The Python API (``hpc.cli.api.Run``) creates and submits it; it trains; ``run.cancel()`` stops it
+   after its first checkpoint; ``run.resume()`` continues from that checkpoint and ``run.wait()``
+   returns COMPLETED at ``trainer.total_steps`` (its progress callback's ``run.status()`` documents
+   are checked as the CLI's are).
 2. Exactly once: every trajectory the rollout nodes wrote (the rows of every shard, wherever the
    shard now lies) has exactly one outcome in the trainer's checkpoint ledgers (trained at a step,
    or dropped with a reason), or is still queued in the spool (ready, or claimed but not covered by
@@ -399,12 +401,16 @@ def squeue_gres(job_id: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ tests
+def _api(python: Path, body: str, *args: str, timeout: float = 300) -> list[str]:
+    """Run ``body`` (Python; ``Run`` imported, ``argv`` = args) as the CI user; its stdout lines."""
+    code = f"import json, sys; from hpc.cli.api import Run; argv = sys.argv[1:]; {body}"
+    out = _as_ci([str(python), "-c", code, *args], timeout=timeout)
+    assert out.returncode == 0, f"{body} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout.strip().splitlines()
+
+
 def _launch(python: Path, config: Path, run: Path) -> str:
-    code = ("import sys; from hpc.config import load_config; from hpc.cli.launch import launch_run; "
-            "jobs = launch_run(load_config(sys.argv[1]), sys.argv[2], source='e2e test'); print(jobs[0].job_id)")
-    out = _as_ci([str(python), "-c", code, str(config), str(run)], timeout=300)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]
+    return _api(python, "print(Run.create(argv[1], config=argv[0]).submit().job_ids[0])", str(config), str(run))[-1]
 
 
 def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2e_root: Path) -> None:
@@ -419,7 +425,7 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     (e2e_root / "launched-gres.json").write_text(json.dumps(gres))
     _watch_latest(run, log, timeout_s=480)  # cancel as soon as the first checkpoint exists: steps are quick
     cancelled_at = time.time()
-    assert _spoolrl(ci_python, "cancel", str(run)).startswith("cancelled: ")
+    assert _api(ci_python, "print(Run.open(argv[0]).cancel())", str(run)) == [str([job1])]
     before_cancel = list(log.snapshots)
     groups = _job(before_cancel[-1], job1)["groups"]
     assert [g["role"] for g in groups] == ["train", "infer", "rollout"]
@@ -443,10 +449,17 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     mid = check_exactly_once(run, ci_python)  # the ledger holds at every checkpoint, not only at the end
 
     # --- resume: a new job continues from the checkpoint to total_steps
-    out = _spoolrl(ci_python, "resume", str(run))
-    job2 = re.search(r"submitted job (\d+)", out).group(1)  # type: ignore[union-attr]
+    job2 = _api(ci_python, "print(Run.open(argv[0]).resume().job_ids[0])", str(run))[-1]
     assert job2 != job1
-    final = log.wait("the resumed job to finish", lambda s: _job_done(s, job2), timeout_s=480)
+    # run.wait() until the resumed job ends, its progress callback printing every run.status() it is given
+    waited = _api(ci_python, "run = Run.open(argv[0]); state = run.wait(timeout=480, poll_s=3, progress=lambda s: "
+                  "print(json.dumps(s, default=str), flush=True)); print(state)", str(run), timeout=540)
+    assert waited[-1] == "COMPLETED", f"{waited[-1]}\n{_batch_logs(run)}"
+    for line in waited[:-1]:
+        status = json.loads(line)
+        _check_schema(status, run)
+        log.snapshots.append(status)
+    final = log.poll()
     assert _job(final, job2)["state"] == "COMPLETED", f"{_job(final, job2)}\n{_batch_logs(run)}"
     assert [j["kind"] for j in final["jobs"]] == ["launch", "resume"]
     assert _step(final) == TOTAL_STEPS
