@@ -62,6 +62,8 @@ class ServiceConfig:
     probe_timeout_s: float = 10.0    # per request of /add_llm_server's probe
 
     def __post_init__(self) -> None:
+        if not self.probe_timeout_s > 0:
+            raise UsageError(f"service.probe_timeout_s: {self.probe_timeout_s} must be > 0 seconds")
         try:
             self.llm_servers()
         except wire.WireError as exc:
@@ -198,10 +200,10 @@ class Service:
         self.backends.add(address)
         self.door.backends_changed()
         word = "Added" if self.door.running else "Buffered"
-        note = f" (not answering yet: {probe.unverified})" if probe.unverified else ""
-        if note:
-            log.warning("/add_llm_server %s registered unverified: %s", address, probe.unverified)
-        return _json(200, {"status": f"{word} LLM server {url}{note}"})
+        if probe.unverified is None:
+            return _json(200, {"status": f"{word} LLM server {url}"})
+        log.warning("/add_llm_server %s registered unverified: %s", address, probe.unverified)
+        return _json(200, {"status": f"{word} LLM server {url} (not answering yet: {probe.unverified})"})
 
     async def clear_llm_server(self, _request: web.Request) -> web.Response:
         n = self.backends.clear()

@@ -157,5 +157,6 @@ def test_llm_server_setting_is_checked_before_anything_starts() -> None:
     assert cfg.llm_servers() == ["http://a:8000/v1", "http://b:8000"]
     with pytest.raises(UsageError, match=r"^service.llm_server: address 'vllm-host:8000' must be an http"):
         service_config({"llm_server": "http://a:8000/v1,vllm-host:8000"}, _args())
-    with pytest.raises(UsageError, match="service.probe_timeout_s"):
-        service_config({"probe_timeout_s": "soon"}, _args())
+    for bad in ("soon", "0"):
+        with pytest.raises(UsageError, match="^service.probe_timeout_s"):
+            service_config({"probe_timeout_s": bad}, _args())
