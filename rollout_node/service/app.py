@@ -8,6 +8,11 @@ Guarantees:
 - ``/process`` is admitted only while running (503), with a backend (503), below ``max_pending``
   jobs in flight (503 + ``Retry-After``); it then awaits its job's future: no thread per call.
   Calls sharing a ``job_id`` are one group: all run, each answers; ``/cancel`` ends them all.
+- ``/add_llm_server`` registers an address only after one token-ID completion through the nodes' own
+  client (:mod:`rollout_node.service.probe`): an address that answers but cannot serve the nodes
+  (NeMo Gym's model server, an OpenAI server without token IDs) is a 422 naming what is missing and
+  what to register instead; one that does not answer yet is registered, and the answer says so.
+  ``service.llm_server`` backends are registered at startup (not probed: the engine may start later).
 - ``/stop`` ends every job (``server is stopping; job cancelled``), tells the nodes to stop them
   (their sandboxes are closed) and withdraws the backends.
 """
@@ -27,9 +32,11 @@ from typing import Any
 from aiohttp import web
 
 from hpc.config.service import Network, trusted_networks
+from hpc.errors import UsageError
 from rollout_node.service import wire
-from rollout_node.service.backends import Backends
+from rollout_node.service.backends import Backends, base_url
 from rollout_node.service.frontdoor import FrontDoor, JobEnded
+from rollout_node.service.probe import probe_backend, refusal_detail
 
 log = logging.getLogger("spoolrl.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -51,6 +58,23 @@ class ServiceConfig:
     max_request_mb: float = 16.0
     local_nodes: int = 1             # rollout nodes run inside this process (0 = only external ones)
     poll_s: float = 0.1              # how often the front door reads finished shards back
+    llm_server: str = ""             # backends registered at startup, comma-separated (http://vllm-host:8000/v1)
+    probe_timeout_s: float = 10.0    # per request of /add_llm_server's probe
+
+    def __post_init__(self) -> None:
+        if not self.probe_timeout_s > 0:
+            raise UsageError(f"service.probe_timeout_s: {self.probe_timeout_s} must be > 0 seconds")
+        try:
+            self.llm_servers()
+        except wire.WireError as exc:
+            raise UsageError(f"service.llm_server: {exc}") from exc
+
+    def llm_servers(self) -> list[str]:
+        """The ``llm_server`` addresses (raises :class:`wire.WireError` naming a bad one)."""
+        addresses = [item.strip() for item in self.llm_server.split(",") if item.strip()]
+        for address in addresses:
+            base_url(address)
+        return addresses
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -78,6 +102,8 @@ class Service:
     def __init__(self, door: FrontDoor, backends: Backends, cfg: ServiceConfig, token: str) -> None:
         self.door, self.backends, self.cfg, self.token = door, backends, cfg, token
         self.trusted = trusted_networks(cfg.trust_network)
+        for address in cfg.llm_servers():
+            backends.add(address)
         self._beat: asyncio.Task[None] | None = None
 
     def app(self) -> web.Application:
@@ -165,10 +191,19 @@ class Service:
         address = (await self._body(request)).get("address")
         if not isinstance(address, str):
             raise wire.WireError(400, "address must be a string such as http://host:8000/v1")
-        url = self.backends.add(address)
+        url = base_url(address)
+        probe = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: probe_backend(url, token=self.token, timeout_s=self.cfg.probe_timeout_s))
+        if probe.refusal is not None:
+            log.warning("/add_llm_server %s refused: %s", address, probe.refusal)
+            return _detail(422, refusal_detail(address, probe.refusal))
+        self.backends.add(address)
         self.door.backends_changed()
         word = "Added" if self.door.running else "Buffered"
-        return _json(200, {"status": f"{word} LLM server {url}"})
+        if probe.unverified is None:
+            return _json(200, {"status": f"{word} LLM server {url}"})
+        log.warning("/add_llm_server %s registered unverified: %s", address, probe.unverified)
+        return _json(200, {"status": f"{word} LLM server {url} (not answering yet: {probe.unverified})"})
 
     async def clear_llm_server(self, _request: web.Request) -> web.Response:
         n = self.backends.clear()

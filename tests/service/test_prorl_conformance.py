@@ -6,7 +6,10 @@ recording stand-in defined here (project-independent: ``tokenizers`` + aiohttp),
 call then ``submit`` and records every prompt it received and every token it produced.
 
 Driven as that integration does: no Authorization header from a trusted address, ``/start`` accepting
-400, ``/add_llm_server``, a group of 4 concurrent ``/process`` sharing ``job_id = instance_id`` with
+400, ``/add_llm_server`` with the URL ``get_model_endpoint`` gives (NeMo Gym's own model server, a
+STAND-IN here with its routes: ``/v1/chat/completions``, ``/v1/responses``, 404 elsewhere), refused with
+a 422 that NeMo Gym only prints, so the episodes run on the backend the operator gave as
+``service.llm_server`` (the documented config); later ``/add_llm_server`` of that backend itself; a group of 4 concurrent ``/process`` sharing ``job_id = instance_id`` with
 only ``temperature``/``top_p``/``max_output_tokens``; then a second group cancelled mid-episode with
 one ``/cancel``. Also: 401 from an untrusted source address (127.0.0.2) without the token.
 """
@@ -95,6 +98,33 @@ class RecordingLLM:
         return ready[0]
 
 
+def nemo_gym_model_server() -> str:
+    """STAND-IN for NeMo Gym's model server (``responses_api_models/vllm_model``): the routes its
+    ``SimpleResponsesAPIModel`` installs; FastAPI's ``{"detail": "Not Found"}`` 404 for any other path."""
+    async def chat(_request: web.Request) -> web.Response:
+        return web.json_response({"id": "chatcmpl", "object": "chat.completion", "choices": []})
+
+    async def not_found(_request: web.Request) -> web.Response:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    ready: list[str] = []
+
+    async def main() -> None:
+        app = web.Application()
+        app.add_routes([web.post("/v1/chat/completions", chat), web.post("/v1/responses", chat),
+                        web.route("*", "/{tail:.*}", not_found)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        ready.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        await asyncio.Event().wait()
+
+    threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
+    while not ready:
+        time.sleep(0.01)
+    return ready[0]
+
+
 def builtin_instance() -> dict[str, Any]:
     """A dataset row, as NeMo Gym's ``instance_dict`` holds it (read as data)."""
     row = json.loads((ROOT / "rollout_node/tasks/builtin/tasks.jsonl").read_text().splitlines()[0])
@@ -111,13 +141,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "rollout-server", "--run", str(tmp / "run"),
                              "--host", "127.0.0.1", "--port", "0", "--trust-network", "127.0.0.1/32",
-                             f"model.path={model}", f"sandbox.scratch_dir={tmp / 'scratch'}", *CONFIG],
+                             f"model.path={model}", f"sandbox.scratch_dir={tmp / 'scratch'}", *CONFIG,
+                             f"service.llm_server={backend}/v1"],
                             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT)
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline() or "null")
         assert ready, (tmp / "server.log").read_text()[-3000:]
-        yield {"url": ready["url"], "token": ready["token"], "backend": backend, "llm": llm}
+        yield {"url": ready["url"], "token": ready["token"], "backend": backend, "llm": llm,
+               "gym_model_server": nemo_gym_model_server()}
     finally:
         proc.terminate()
         try:
@@ -186,8 +218,9 @@ async def drive(srv: dict[str, Any]) -> None:
     async with aiohttp.ClientSession(srv["url"], timeout=aiohttp.ClientTimeout(total=300)) as s:
         assert (await post(s, "/start"))[0] in (200, 400)
         assert (await post(s, "/start"))[0] == 400  # "already running" is what NeMo Gym tolerates
-        code, body = await post(s, "/add_llm_server", {"address": srv["backend"] + "/v1"})
-        assert code == 200, body
+        code, body = await post(s, "/add_llm_server", {"address": srv["gym_model_server"] + "/v1"})
+        assert code == 422 and "/v1/completions" in body["detail"], body  # initialize_prorl_server only prints it
+        assert (await get(s, "/status"))["llm_servers"] == [srv["backend"]]  # service.llm_server serves
         code, body = await post(s, "/process", {"instance": instance, "sampling_params": {"temperature": 0.0},
                                                 "job_id": job_id})
         assert code == 400 and "temperature" in body["detail"]  # greedy cannot be trained: refused, clearly
@@ -204,6 +237,9 @@ async def drive(srv: dict[str, Any]) -> None:
         assert code == 200 and bare["success"] is True
         assert not {"token_ids", "logprobs", "input_ids"} & {k for m in bare["messages"] for k in m}
         assert [m["tool_calls"][0]["name"] for m in bare["messages"] if m["role"] == "assistant"] == ["bash", "submit"]
+
+        code, body = await post(s, "/add_llm_server", {"address": srv["backend"] + "/v1"})
+        assert code == 200 and body["status"] == f"Added LLM server {srv['backend']}", body
 
         llm.hold.set()  # the second group parks at its first LLM call: mid-episode, sandboxes open
         held = [asyncio.ensure_future(post(s, "/process", {"instance": instance, "sampling_params": SAMPLING,

@@ -117,7 +117,9 @@ def test_200_simultaneous_process_calls_token_exact(tmp_path: Path, model: Path)
     assert {r["node"].split(".")[0] for _, r in results} == {"n0", "n1"}  # one URL, work on both nodes
     # a thread per blocked /process would add >= 200; what is added is executors (DNS, spool I/O)
     assert extra_threads < N // 4, extra_threads
-    produced = {tuple(json.loads(line)["prompt"]): json.loads(line)["token_ids"] for line in record.read_text().splitlines()}
+    probe, *episodes = (json.loads(line) for line in record.read_text().splitlines())
+    assert probe["prompt"] == [0] and len(probe["token_ids"]) == 1  # /add_llm_server's probe came first
+    produced = {tuple(r["prompt"]): r["token_ids"] for r in episodes}
     assert len(produced) == N  # distinct problems -> distinct prompts, one completion each
     for _, r in results:
         (turn,) = [m for m in r["messages"] if m["role"] == "assistant"]

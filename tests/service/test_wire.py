@@ -30,7 +30,7 @@ INSTANCE_ID = "spoolrl__intervals-1"
 CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "spool.poll_interval_s=0.1",
           "spool.heartbeat_interval_s=1", "spool.shard_max_trajectories=1", "rollout.metrics_interval_s=0.5",
           "rollout.run_workers=4", "rollout.init_workers=2", "rollout.eval_workers=1", "inference.max_retries=0",
-          "rollout.max_retries=0", "service.timeout_s=20", "service.max_pending=3"]
+          "rollout.max_retries=0", "service.timeout_s=20", "service.max_pending=3", "service.probe_timeout_s=1"]
 
 
 def builtin_instance() -> dict[str, Any]:
@@ -173,7 +173,9 @@ def check_one_episode(stack: Any) -> None:
 def check_cancel_admission_timeout_stop(stack: Any) -> None:
     hole = Blackhole()
     assert _call(stack, "/clear_llm_server", {})[1]["status"].startswith("Cleared 1")
-    assert _call(stack, "/add_llm_server", {"address": hole.url + "/v1"})[0] == 200
+    code, body, _ = _call(stack, "/add_llm_server", {"address": hole.url + "/v1"})
+    assert code == 200 and "not answering yet" in body["status"]  # the probe timed out: registered, flagged
+    hole.release()  # the probe's connection: from here on, held connections are the episodes'
     hung = _process_async(stack, {"instance": builtin_instance(), "job_id": "hang-1"})
     _wait(lambda: len(hole.held) >= 1, "the episode to reach its first LLM call")  # mid-RUN, sandbox open
     _wait(lambda: _call(stack, "/status")[1]["pending_jobs"] == 0, "the front door to see the node's claim")
