@@ -14,12 +14,13 @@ import sys
 import typing as tp
 from pathlib import Path
 
-from hpc.cli.util import add_config_args, add_run_arg, print_json, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, load_checked, print_json
 from hpc.errors import RunDirError, UsageError
 
 if tp.TYPE_CHECKING:
     from hpc.config import RunConfig
     from hpc.launch import HetSlurmJob
+    from hpc.paths import RunPaths
     from hpc.render import RenderedJob
 
 
@@ -33,11 +34,8 @@ def split_run_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
-    from hpc.config import load_config
-
     run, overrides = split_run_arg(args)
-    config = load_config(args.config, overrides)
-    warn_unchecked_model(config)
+    config = load_checked(args, overrides)
     run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
     source = " ".join([args.config or "(built-in defaults)", *map(shlex.quote, overrides)])
     return config, run_dir.absolute(), source
@@ -47,7 +45,8 @@ def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
     """The exact ``spoolrl init`` command line that freezes the config this command rendered."""
     _run, overrides = split_run_arg(args)
     config = ["--config", args.config] if args.config else []
-    return shlex.join(["spoolrl", "init", *config, str(run_dir), *overrides])  # RUN next to the overrides (argparse)
+    flags = ["--paths-on-cluster"] if args.paths_on_cluster else []
+    return shlex.join(["spoolrl", "init", str(run_dir), *config, *flags, *overrides])
 
 
 def _render_jobs(config: RunConfig, run_dir: Path, source: str, service: bool = False) -> list[RenderedJob]:
@@ -89,12 +88,34 @@ def _launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(joined_text(jobs))
         return 0
-    from hpc.cli.run import init_run
     from hpc.launch import submit
 
-    paths = init_run(str(run_dir), config)
+    paths = create_for_launch(run_dir, config)
     _print_submitted(submit(paths, jobs, kind="launch"), paths.root)
     return 0
+
+
+def require_sbatch() -> None:
+    """Submission needs ``sbatch`` on PATH: checked before anything is created."""
+    import shutil
+
+    from hpc.errors import SlurmError
+
+    if shutil.which("sbatch") is None:
+        raise SlurmError("sbatch not found on PATH: run this on a Slurm login node (or scripts/local_slurm.sh up); "
+                         "nothing was created. 'spoolrl render' writes the script without Slurm")
+
+
+def create_for_launch(run_dir: Path, config: RunConfig) -> RunPaths:
+    """RUN for a new launch, once submission can happen: a new directory, or one left by a launch whose
+    submission failed (a run.yaml, no job ever recorded) when its config is the same."""
+    from hpc.cli.run import init_run
+    from hpc.launch import known_jobs
+    from hpc.paths import RunPaths
+
+    require_sbatch()
+    unsubmitted = (run_dir / "run.yaml").exists() and not known_jobs(RunPaths(run_dir))
+    return init_run(str(run_dir), config, if_missing=unsubmitted)
 
 
 def launch_run(config: RunConfig, run_dir: str | Path, *, source: str = "python") -> list[HetSlurmJob]:
@@ -102,12 +123,11 @@ def launch_run(config: RunConfig, run_dir: str | Path, *, source: str = "python"
     (``job.state``, ``job.done()``, ``job.cancel()``, ``job.group_states(n)``).
 
     It lives in the face because creating a run may build the tiny model (``init_run``)."""
-    from hpc.cli.run import init_run
     from hpc.launch import submit
     from hpc.render import render
 
     jobs = render(config, run_dir, source=source)
-    paths = init_run(str(run_dir), config)
+    paths = create_for_launch(Path(run_dir).absolute(), config)
     return [handle for _, handle in submit(paths, jobs, kind="launch")]
 
 
@@ -168,10 +188,10 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from hpc.rundir import require_run
     from hpc.status import format_status, run_status
 
-    if not (Path(args.run) / "run.yaml").exists():
-        raise RunDirError(f"{args.run} is not a spoolrl run directory (no run.yaml)")
+    require_run(args.run)
     if not args.json and not args.once and sys.stdout.isatty():
         from hpc.status import watch
 
@@ -213,14 +233,19 @@ def register(sub: tp.Any) -> None:
     p.add_argument("--service", action="store_true", help=SERVICE_HELP)
     p.set_defaults(func=_launch)
 
-    p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run")
+    p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run",
+                       description="Show a run: the Slurm state of each job and group, the spool's counts, "
+                       "the trainer's progress and reward, the live endpoints. On a terminal it refreshes "
+                       "until Ctrl-C; --once prints once, --json gives the same as one JSON object.")
     add_run_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
     p.add_argument("--once", action="store_true", help="print once even on a terminal (default there: live view)")
     p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view")
     p.set_defaults(func=_status)
 
-    p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)")
+    p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)",
+                       description="scancel every job of RUN that Slurm still runs or queues and print their "
+                       "ids. RUN, its checkpoints and its spool stay: 'spoolrl resume RUN' continues it.")
     add_run_arg(p)
     p.set_defaults(func=_cancel)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hpc.cli.util import add_config_args, add_run_arg, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, load_checked
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import TINY_MODEL, RunPaths
@@ -24,10 +24,7 @@ def _config_default(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
-
-    config = load_config(args.config, args.overrides)
-    warn_unchecked_model(config)
+    load_checked(args, args.overrides)
     print(f"{args.config or '(defaults)'}: valid")
     return 0
 
@@ -49,17 +46,22 @@ def init_run(run: str, config: RunConfig, *, if_missing: bool = False) -> RunPat
     return create_run(run, config, if_missing=if_missing, prepare=prepare_model)
 
 
+def _check_digest(config: RunConfig, expected: str) -> None:
+    from hpc.rundir import config_digest
+
+    if config_digest(config) != expected:
+        raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
+                         f"from ({expected}): the script was edited; re-render it with 'spoolrl render'")
+
+
 def _init(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
+    if args.expect_digest:  # the job's own init: its paths were checked (or deferred) when it was rendered
+        from hpc.config import load_config
 
-    config = load_config(args.config, args.overrides)
-    warn_unchecked_model(config)
-    if args.expect_digest:
-        from hpc.rundir import config_digest
-
-        if config_digest(config) != args.expect_digest:
-            raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
-                             f"from ({args.expect_digest}): the script was edited; re-render it with 'spoolrl render'")
+        config = load_config(args.config, args.overrides)
+        _check_digest(config, args.expect_digest)
+    else:
+        config = load_checked(args, args.overrides)
     paths = init_run(args.run, config, if_missing=args.if_missing)
     print(paths.root)
     return 0

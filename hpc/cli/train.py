@@ -59,14 +59,10 @@ def _train_node(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from hpc.paths import RunPaths
+    from hpc.rundir import require_run
     from train_node.trainer.checkpoint import lineage
 
-    paths = RunPaths(args.run)
-    if not paths.checkpoints.is_dir():
-        from hpc.errors import RunDirError
-
-        raise RunDirError(f"{paths.root} has no checkpoints/ directory; is it a spoolrl run directory?")
+    paths = require_run(args.run)
     rows = [{"tag": m["tag"], "step": m["step"], "policy_version": m["policy_version"], "parent": m.get("parent"),
              "has_state": m["has_state"], "world_size": m.get("world_size"), "shards": m.get("shards", []),
              "fence_generation": m.get("fence_generation"), "t": m.get("t")} for m in lineage(paths)]

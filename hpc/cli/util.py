@@ -11,15 +11,35 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc.config import RunConfig
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides."""
+    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides (before or
+    after the flags), and ``--paths-on-cluster`` for a config whose paths this host cannot see."""
     parser.add_argument("--config", metavar="FILE", required=required,
                         help="run.yaml (see 'spoolrl config default'); omitted = built-in defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. trainer.lr=1e-5 slurm.rollout.nodes=4")
+    parser.add_argument("--paths-on-cluster", action="store_true",
+                        help="the config's paths (model.path, tasks.source, images, ...) exist only on the cluster: "
+                        "do not require them here (they are listed as unchecked)")
+
+
+def load_checked(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
+    """``--config`` + overrides, validated, with its paths checked from here (hpc.config.site); ConfigError
+    (exit 2) lists the problems. With ``--paths-on-cluster`` it prints which paths went unchecked."""
+    from hpc.config import load_config
+    from hpc.config.site import check_site
+
+    config = load_config(args.config, overrides)
+    note = check_site(config, paths_on_cluster=args.paths_on_cluster)
+    if note:
+        print(f"spoolrl: note: {note}", file=sys.stderr)
+    return config
 
 
 def print_json(obj: Any, *, stream: Any = None) -> None:
