@@ -15,7 +15,7 @@ import typing as tp
 from pathlib import Path
 
 from hpc.cli.util import add_config_args, add_run_arg, load_checked, print_json
-from hpc.errors import RunDirError, UsageError
+from hpc.errors import ConfigError, RunDirError, UsageError
 
 if tp.TYPE_CHECKING:
     from hpc.config import RunConfig
@@ -139,6 +139,7 @@ def _open(run: str) -> tuple[tp.Any, RunConfig]:
 
 def _resume(args: argparse.Namespace) -> int:
     from hpc.config import apply_overrides, config_from_dict, to_dict
+    from hpc.config.checks import job_problems
     from hpc.launch import active_jobs, submit
     from hpc.render import render
     from hpc.rundir import check_resume
@@ -150,6 +151,8 @@ def _resume(args: argparse.Namespace) -> int:
         raise RunDirError(f"{paths.root} still has active jobs: {ids}; 'spoolrl cancel {paths.root}' first "
                           "(or --force to add another job)")
     config = config_from_dict(apply_overrides(to_dict(frozen), args.overrides)) if args.overrides else frozen
+    if problems := job_problems(config):
+        raise ConfigError(problems)
     changed = check_resume(frozen, config)
     jobs = render(config, paths.root, source=f"{paths.run_yaml} (resume) {' '.join(args.overrides)}".strip())
     if args.dry_run:

@@ -30,14 +30,19 @@ def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) 
 
 
 def load_checked(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
-    """``--config`` + overrides, validated, with its paths checked from here (hpc.config.site); ConfigError
-    (exit 2) lists the problems. With ``--paths-on-cluster`` it prints which paths went unchecked."""
+    """``--config`` + overrides, validated as a run to submit (hpc.config.checks.job_problems), with its paths
+    checked from here (hpc.config.site); ConfigError (exit 2) lists the problems. With ``--paths-on-cluster`` it
+    prints which paths went unchecked."""
     from hpc.config import load_config
-    from hpc.config.site import check_site
+    from hpc.config.checks import job_problems
+    from hpc.config.site import site_problems, unchecked_paths
+    from hpc.errors import ConfigError
 
     config = load_config(args.config, overrides)
-    note = check_site(config, paths_on_cluster=args.paths_on_cluster)
-    if note:
+    problems = job_problems(config) + site_problems(config, paths_on_cluster=args.paths_on_cluster)
+    if problems:
+        raise ConfigError(problems)
+    if args.paths_on_cluster and (note := unchecked_paths(config)):
         print(f"spoolrl: note: {note}", file=sys.stderr)
     return config
 

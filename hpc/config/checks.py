@@ -12,6 +12,9 @@ Guarantees:
   than ``algorithm.groups_per_step`` outstanding tasks is a trainer that waits forever.
 - No ``slurm.<group>.sbatch_extra`` option repeats (or contradicts) an option the renderer writes
   from a config key (``--gres``, ``--mem``, ``--time`` ...): the error names that key.
+- :func:`job_problems` (for the verbs that render or submit a run's job, not for every config: the
+  renderer itself can draw a job without rollout nodes) refuses ``slurm.rollout.nodes: 0``, a job
+  whose trainer waits for trajectories nothing produces.
 """
 
 from __future__ import annotations
@@ -101,3 +104,11 @@ CHECKS = (task_source_problems, model_problems, feed_problems, sbatch_extra_prob
 def cross_section_problems(config: RunConfig) -> list[str]:
     """Every rule of this module, in order."""
     return [p for check in CHECKS for p in check(config)]
+
+
+def job_problems(config: RunConfig) -> list[str]:
+    """What makes a run's submitted job useless, though the config itself is consistent."""
+    if config.slurm.rollout.nodes > 0:
+        return []
+    return ["slurm.rollout.nodes: 0 renders a job without rollout nodes: nothing would produce trajectories and "
+            "the trainer would wait until the time limit; set it to 1 or more (more join later with 'spoolrl scale')"]

@@ -98,9 +98,7 @@ def unchecked_paths(config: RunConfig) -> str:
     return f"not checked here (--paths-on-cluster): {', '.join(named)}" if named else ""
 
 
-def check_site(config: RunConfig, *, paths_on_cluster: bool = False) -> str:
-    """Raise ConfigError listing every path problem; return the note to print ('' = nothing to say)."""
-    problems = site_problems(config, paths_on_cluster=paths_on_cluster)
-    if problems:
+def check_site(config: RunConfig) -> None:
+    """For a process that runs here (rollout-server): raise ConfigError listing every path problem."""
+    if problems := site_problems(config):
         raise ConfigError(problems)
-    return unchecked_paths(config) if paths_on_cluster else ""
