@@ -72,6 +72,8 @@ class VerbParser(argparse.ArgumentParser):
             self._inner = False
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        if not hasattr(namespace, "verb"):  # the innermost verb returns first: 'spoolrl spool stats'
+            namespace.verb = self.prog
         return namespace, extras
 
     def format_help(self) -> str:
@@ -101,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpoolrlError as exc:
-        print(f"spoolrl {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{args.verb}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"spoolrl {args.command}: interrupted", file=sys.stderr)
+        print(f"{args.verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `spoolrl spool inspect X | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush

@@ -109,6 +109,15 @@ def test_launch_checks_sbatch_first_and_a_failed_submission_can_be_retried(
     assert rc == 2 and "already holds a run" in err  # once a job was submitted, it is a run to resume
 
 
+def test_rollout_server_checks_its_paths_before_creating_its_run(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    run = tmp_path / "raas"
+    rc, _, err = cli(capsys, "rollout-server", "--run", str(run), "--port", "0", "model.path=/nowhere/model",
+                     "tasks.source=/nowhere/tasks.jsonl")
+    assert rc == 2 and "model.path: /nowhere/model does not exist here" in err and "tasks.source" in err, err
+    assert not run.exists()
+
+
 # ---------------------------------------------------------------- 6. validate catches what fails after the wait
 
 CASES = {
