@@ -2,8 +2,10 @@
 :func:`launch_run`, the same launch from Python.
 
 Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
-touch nothing; ``launch`` creates the run directory (the one ``init`` code path), submits, prints
-the job id and the run path, and returns; nothing here waits for a job to finish.
+touch nothing; ``launch`` checks the config, its paths and that ``sbatch`` is on PATH before it creates
+the run directory (the one ``init`` code path), submits, prints the job id and the run path, and
+returns; a RUN left by a launch whose submission failed (no job recorded, same config) is launched
+again, not refused; nothing here waits for a job to finish.
 """
 
 from __future__ import annotations

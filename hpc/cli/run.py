@@ -1,7 +1,8 @@
 """``spoolrl config default``, ``spoolrl validate`` and ``spoolrl init``: configs and run directories.
 
 Every launch path creates its run directory through :func:`hpc.rundir.create_run`, i.e. through
-``spoolrl init``; validation happens before anything touches the disk.
+``spoolrl init``; validation (the config, then its paths from here: :func:`hpc.cli.util.load_checked`)
+happens before anything touches the disk.
 """
 
 from __future__ import annotations
@@ -76,12 +77,15 @@ def register(sub: Any) -> None:
     d.set_defaults(func=_config_default)
 
     p = sub.add_parser("validate", help="check a run config without creating anything",
-                       description="Validate run.yaml plus overrides; exit 2 and list every problem if invalid.")
+                       description="Validate run.yaml plus overrides, and the paths it names as this host sees them "
+                       "(model, tasks, images; --paths-on-cluster skips those and lists them). Exit 2 listing every "
+                       "problem with its dotted key and fix; 0 and 'valid' otherwise.")
     add_config_args(p)
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("init", help="create a run directory (starts nothing)",
-                       description="Validate the config, then create RUN with its layout and frozen run.yaml.")
+                       description="Validate the config as 'spoolrl validate' does, then create RUN with its layout, frozen "
+                       "run.yaml and provenance (the model's hash). Nothing is created for an invalid config.")
     add_run_arg(p)
     add_config_args(p)
     p.add_argument("--if-missing", action="store_true",
