@@ -80,9 +80,12 @@ def test_every_inline_command_parses(doc: Path) -> None:
         if depth == len(argv):  # a command named in prose ('spoolrl report'): the name is what can be wrong
             continue
         try:
-            build_parser().parse_args(argv)
+            args = build_parser().parse_args(argv)
         except SystemExit as exc:
             pytest.fail(f"{doc.name}: {span!r} does not parse (exit {exc.code})")
+        overrides = [o for o in getattr(args, "overrides", []) if "=" in o and o != "k=v"]
+        if argv[0] != "rollout-server" and overrides:  # the keys and values it shows exist (DIR stands for a path)
+            load_config(None, overrides)
         checked += 1
     assert checked >= (20 if doc == README else 1)
 
