@@ -2,7 +2,8 @@
 validation is pure).
 
 A run names files the job will read after the queue wait: the model and tokenizer, the task file,
-the repository cache, the sandbox image, each group's container. :func:`site_problems` looks at them
+the repository cache, the sandbox image, each group's container or (without one) its interpreter
+when given as a path, and vLLM's interpreter. :func:`site_problems` looks at them
 from here. A path that exists only on the cluster (a laptop validating a cluster config) is named
 explicitly: with ``paths_on_cluster`` the existence checks are skipped and :func:`unchecked_paths`
 lists what was not looked at, so the caller says so instead of passing silently.
@@ -47,6 +48,10 @@ def named_paths(config: RunConfig) -> list[tuple[str, str, Kind]]:
         group = getattr(config.slurm, role)
         if group.container and group.nodes:
             out.append((f"slurm.{role}.container", group.container, "any"))
+        elif "/" in group.python and group.nodes:  # a path (a bare name is looked up on the node's PATH)
+            out.append((f"slurm.{role}.python", group.python, "file"))
+    if config.inference.engine == "vllm" and "/" in config.inference.vllm_python and not config.slurm.infer.container:
+        out.append(("inference.vllm_python", config.inference.vllm_python, "file"))
     return out
 
 

@@ -126,6 +126,10 @@ CASES = {
     "missing task file": (["tasks.source=/nowhere/tasks.jsonl"], "tasks.source: /nowhere/tasks.jsonl does not "
                           "exist here", "--paths-on-cluster"),
     "empty model path": (["model.path="], "model.path: empty", "'tiny'"),
+    "missing interpreters": (["slurm.rollout.python=/nowhere/bin/python", "inference.engine=vllm",
+                              "inference.vllm_python=/nowhere/vllm/bin/python"],
+                             "slurm.rollout.python: /nowhere/bin/python does not exist here",
+                             "inference.vllm_python: /nowhere/vllm/bin/python does not exist here"),
     "missing model": (["model.path=/nowhere/model"], "model.path: /nowhere/model does not exist here",
                       "--paths-on-cluster"),
     "a step that never fills": (["trainer.max_tasks_outstanding=1", "algorithm.groups_per_step=4"],
