@@ -59,10 +59,13 @@ def _train_node(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from hpc.paths import RunPaths
     from hpc.rundir import require_run
     from train_node.trainer.checkpoint import lineage
 
-    paths = require_run(args.run)
+    paths = RunPaths(args.run)
+    if not paths.checkpoints.is_dir():
+        require_run(paths.root)  # neither checkpoints/ nor a run: the one wording
     rows = [{"tag": m["tag"], "step": m["step"], "policy_version": m["policy_version"], "parent": m.get("parent"),
              "has_state": m["has_state"], "world_size": m.get("world_size"), "shards": m.get("shards", []),
              "fence_generation": m.get("fence_generation"), "t": m.get("t")} for m in lineage(paths)]
