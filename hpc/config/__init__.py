@@ -2,6 +2,9 @@
 
 ``load_config`` reads YAML, applies dotted ``key=value`` overrides, and validates everything
 before anything is created on disk; problems are raised together as one :class:`ConfigError`.
+Validation here is pure: each section's own rules, then the rules across sections
+(:mod:`hpc.config.checks`). What needs the filesystem (do the named paths exist from here?) is
+:mod:`hpc.config.site`, which the CLI runs after loading.
 """
 
 from __future__ import annotations
