@@ -128,12 +128,18 @@ def create_run(run_dir: str | Path, config: RunConfig, *, if_missing: bool = Fal
     return paths
 
 
-def open_run(run_dir: str | Path) -> tuple[RunPaths, RunConfig]:
-    """Open an existing run: check its layout version and load its frozen config."""
+def require_run(run_dir: str | Path) -> RunPaths:
+    """The run directory's paths; RunDirError (exit 2, the one wording every verb uses) without a run.yaml."""
     paths = RunPaths(Path(run_dir))
     if not paths.run_yaml.is_file():
         raise RunDirError(f"{paths.root} is not a spoolrl run directory (no run.yaml); create one with "
                           f"'spoolrl init {paths.root} --config run.yaml'")
+    return paths
+
+
+def open_run(run_dir: str | Path) -> tuple[RunPaths, RunConfig]:
+    """Open an existing run: check its layout version and load its frozen config."""
+    paths = require_run(run_dir)
     try:
         version = int(paths.layout_file.read_text().strip())
     except (OSError, ValueError) as exc:

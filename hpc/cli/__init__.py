@@ -11,14 +11,19 @@ Guarantees:
 - The verb modules keep their imports light (no torch at import time), so ``spoolrl --help``
   stays fast on a login node; handlers import what they need.
 - Every :class:`~hpc.errors.SpoolrlError` becomes a one-line message and its exit status.
+- Every verb parses its positionals (``key=value`` overrides, RUN) before, between or after its flags
+  (:class:`VerbParser`), and a usage error prints that verb's usage, not the top-level one.
+- ``--help`` shows plain text: docstring markup (double backticks, ``:role:`x```) is removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hpc import __version__
 from hpc.cli import demo, infer, launch, model, rollout, run, sandbox, service, spool, tasks, train
@@ -26,6 +31,7 @@ from hpc.errors import SpoolrlError
 
 # The verb modules, in the order their verbs appear in --help; each has ``register(subparsers)``.
 VERB_MODULES = (
+    demo,       # demo, warm-start, report (first: where a newcomer starts)
     run,        # config default, validate, init
     spool,      # spool stats, spool inspect
     launch,     # render, launch, status, cancel, resume, scale
@@ -36,8 +42,42 @@ VERB_MODULES = (
     train,      # train-node, checkpoints
     infer,      # serve, tiny-model, infer-node
     model,      # model from-gguf
-    demo,       # demo, warm-start, report
 )
+
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Help text without docstring markup: ``x`` -> x, :class:`~a.b.C` -> a.b.C."""
+    return _RST_ROLE.sub(r"\1", text).replace("``", "")
+
+
+class VerbParser(argparse.ArgumentParser):
+    """A verb's parser: positionals may come anywhere among the flags (argparse's intermixed parse),
+    and anything left over is this verb's usage error (exit 2), not the top-level parser's."""
+
+    _inner = False  # True while argparse's intermixed parse calls back into parse_known_args
+
+    def parse_known_args(  # type: ignore[override]  # typeshed's overloads; the behaviour is the base's
+            self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            if any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions()):
+                namespace, extras = super().parse_known_args(args, namespace)
+            else:
+                namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        if not hasattr(namespace, "verb"):  # the innermost verb returns first: 'spoolrl spool stats'
+            namespace.verb = self.prog
+        return namespace, extras
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with 'spoolrl demo' (no Slurm needed), then 'spoolrl config default > run.yaml'.",
     )
     parser.add_argument("--version", action="version", version=f"spoolrl {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=VerbParser)
     for module in VERB_MODULES:
         module.register(sub)
     return parser
@@ -63,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpoolrlError as exc:
-        print(f"spoolrl {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{args.verb}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"spoolrl {args.command}: interrupted", file=sys.stderr)
+        print(f"{args.verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `spoolrl spool inspect X | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush

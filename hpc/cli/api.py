@@ -202,19 +202,22 @@ class Run:
 
     @classmethod
     def create(cls, run_dir: str | Path, config: ConfigSource = None, overrides: Sequence[str] = (), *,
-               source: str | None = None) -> Run:
-        """Validate ``config`` + ``overrides`` and create ``run_dir`` (what ``spoolrl init`` does); starts nothing.
+               source: str | None = None, paths_on_cluster: bool = False) -> Run:
+        """Validate ``config`` + ``overrides`` as ``spoolrl launch`` does and create ``run_dir`` (what
+        ``spoolrl init`` does); starts nothing. A directory left by a submission that failed (a run.yaml, no
+        job ever recorded) is taken again when its config is the same.
 
-        ``config``: a YAML file, a dict shaped like run.yaml, a RunConfig, or None (the defaults)."""
+        ``config``: a YAML file, a dict shaped like run.yaml, a RunConfig, or None (the defaults).
+        ``paths_on_cluster``: the config's paths exist only on the cluster (not checked from here)."""
         from hpc.cli.run import init_run
-        from hpc.cli.util import warn_unchecked_model
+        from hpc.cli.util import check_job
 
-        cfg = load_run_config(config, overrides)
-        warn_unchecked_model(cfg)
+        cfg = check_job(load_run_config(config, overrides), paths_on_cluster=paths_on_cluster)
         root = Path(run_dir).absolute()
         src = source or config_source(config, overrides)
         render_jobs(cfg, root, src)  # a config that cannot be rendered fails here, before the disk is touched
-        return cls(init_run(str(root), cfg), cfg, src)
+        unsubmitted = (root / "run.yaml").exists() and not known_jobs(RunPaths(root))
+        return cls(init_run(str(root), cfg, if_missing=unsubmitted), cfg, src)
 
     @classmethod
     def open(cls, run_dir: str | Path) -> Run:
@@ -244,6 +247,8 @@ class Run:
 
         ``overrides`` may change only resumable keys; refused while a job of the run is active unless ``force``."""
         from hpc.config import apply_overrides, config_from_dict, to_dict
+        from hpc.config.checks import job_problems
+        from hpc.errors import ConfigError
         from hpc.launch import active_jobs
         from hpc.render import render
         from hpc.rundir import check_resume
@@ -254,6 +259,8 @@ class Run:
             raise RunDirError(f"{self.root} still has active jobs: {ids}; 'spoolrl cancel {self.root}' first "
                               "(or --force to add another job)")
         config = config_from_dict(apply_overrides(to_dict(self.config), overrides)) if overrides else self.config
+        if problems := job_problems(config):
+            raise ConfigError(problems)
         changed = check_resume(self.config, config)
         scripts = render(config, self.root, source=f"{self.paths.run_yaml} (resume) {' '.join(overrides)}".strip())
         submission = self._submit(scripts, "resume", dry_run)
@@ -308,10 +315,11 @@ class Run:
 
 def checkpoint_rows(paths: RunPaths) -> list[dict[str, tp.Any]]:
     """The lineage of ``paths``' checkpoints, oldest first, as ``spoolrl checkpoints --json`` lists it."""
+    from hpc.rundir import require_run
     from train_node.trainer.checkpoint import lineage
 
     if not paths.checkpoints.is_dir():
-        raise RunDirError(f"{paths.root} has no checkpoints/ directory; is it a spoolrl run directory?")
+        require_run(paths.root)  # neither checkpoints/ nor a run: the one wording
     return [{"tag": m["tag"], "step": m["step"], "policy_version": m["policy_version"], "parent": m.get("parent"),
              "has_state": m["has_state"], "world_size": m.get("world_size"), "shards": m.get("shards", []),
              "fence_generation": m.get("fence_generation"), "t": m.get("t")} for m in lineage(paths)]

@@ -3,8 +3,10 @@
 Each verb is a thin face over :mod:`hpc.cli.api` (the Python API: ``Run``, ``Submission``): one code path.
 
 Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
-touch nothing; ``launch`` creates the run directory (the one ``init`` code path), submits, prints
-the job id and the run path, and returns; nothing here waits for a job to finish.
+touch nothing; ``launch`` checks the config, its paths and that ``sbatch`` is on PATH before it creates
+the run directory (the one ``init`` code path), submits, prints the job id and the run path, and
+returns; a RUN left by a launch whose submission failed (no job recorded, same config) is launched
+again, not refused; nothing here waits for a job to finish.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import typing as tp
 from pathlib import Path
 
-from hpc.cli.util import add_config_args, add_run_arg, print_json, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, load_checked, print_json
 from hpc.errors import UsageError
 
 if tp.TYPE_CHECKING:
@@ -33,11 +35,10 @@ def split_run_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[RunConfig, Path, str]:
-    from hpc.cli.api import config_source, load_run_config
+    from hpc.cli.api import config_source
 
     run, overrides = split_run_arg(args)
-    config = load_run_config(args.config, overrides)
-    warn_unchecked_model(config)
+    config = load_checked(args, overrides)
     run_dir = Path(run) if run else Path.cwd() / "runs" / config.run.name
     return config, run_dir.absolute(), config_source(args.config, overrides)
 
@@ -46,7 +47,8 @@ def init_hint(args: argparse.Namespace, run_dir: Path) -> str:
     """The exact ``spoolrl init`` command line that freezes the config this command rendered."""
     _run, overrides = split_run_arg(args)
     config = ["--config", args.config] if args.config else []
-    return shlex.join(["spoolrl", "init", *config, str(run_dir), *overrides])  # RUN next to the overrides (argparse)
+    flags = ["--paths-on-cluster"] if args.paths_on_cluster else []
+    return shlex.join(["spoolrl", "init", str(run_dir), *config, *flags, *overrides])
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -83,8 +85,21 @@ def _launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(joined_text(render_jobs(config, run_dir, source, service=args.service)))
         return 0
-    _print_submitted(Run.create(run_dir, config, source=source).submit(service=args.service))
+    require_sbatch()
+    run = Run.create(run_dir, config, source=source, paths_on_cluster=args.paths_on_cluster)
+    _print_submitted(run.submit(service=args.service))
     return 0
+
+
+def require_sbatch() -> None:
+    """Submission needs ``sbatch`` on PATH: checked before anything is created."""
+    import shutil
+
+    from hpc.errors import SlurmError
+
+    if shutil.which("sbatch") is None:
+        raise SlurmError("sbatch not found on PATH: run this on a Slurm login node (or scripts/local_slurm.sh up); "
+                         "nothing was created. 'spoolrl render' writes the script without Slurm")
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -165,14 +180,19 @@ def register(sub: tp.Any) -> None:
     p.add_argument("--service", action="store_true", help=SERVICE_HELP)
     p.set_defaults(func=_launch)
 
-    p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run")
+    p = sub.add_parser("status", help="Slurm state, spool, trainer and endpoints of a run",
+                       description="Show a run: the Slurm state of each job and group, the spool's counts, "
+                       "the trainer's progress and reward, the live endpoints. On a terminal it refreshes "
+                       "until Ctrl-C; --once prints once, --json gives the same as one JSON object.")
     add_run_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
     p.add_argument("--once", action="store_true", help="print once even on a terminal (default there: live view)")
     p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view")
     p.set_defaults(func=_status)
 
-    p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)")
+    p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)",
+                       description="scancel every job of RUN that Slurm still runs or queues and print their "
+                       "ids. RUN, its checkpoints and its spool stay: 'spoolrl resume RUN' continues it.")
     add_run_arg(p)
     p.set_defaults(func=_cancel)
 

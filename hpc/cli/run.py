@@ -1,7 +1,8 @@
 """``spoolrl config default``, ``spoolrl validate`` and ``spoolrl init``: configs and run directories.
 
 Every launch path creates its run directory through :func:`hpc.rundir.create_run`, i.e. through
-``spoolrl init``; validation happens before anything touches the disk.
+``spoolrl init``; validation (the config, then its paths from here: :func:`hpc.cli.util.load_checked`)
+happens before anything touches the disk.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hpc.cli.util import add_config_args, add_run_arg, warn_unchecked_model
+from hpc.cli.util import add_config_args, add_run_arg, load_checked
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import TINY_MODEL, RunPaths
@@ -24,10 +25,7 @@ def _config_default(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
-
-    config = load_config(args.config, args.overrides)
-    warn_unchecked_model(config)
+    load_checked(args, args.overrides)
     print(f"{args.config or '(defaults)'}: valid")
     return 0
 
@@ -49,17 +47,22 @@ def init_run(run: str, config: RunConfig, *, if_missing: bool = False) -> RunPat
     return create_run(run, config, if_missing=if_missing, prepare=prepare_model)
 
 
+def _check_digest(config: RunConfig, expected: str) -> None:
+    from hpc.rundir import config_digest
+
+    if config_digest(config) != expected:
+        raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
+                         f"from ({expected}): the script was edited; re-render it with 'spoolrl render'")
+
+
 def _init(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
+    if args.expect_digest:  # the job's own init: its paths were checked (or deferred) when it was rendered
+        from hpc.config import load_config
 
-    config = load_config(args.config, args.overrides)
-    warn_unchecked_model(config)
-    if args.expect_digest:
-        from hpc.rundir import config_digest
-
-        if config_digest(config) != args.expect_digest:
-            raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
-                             f"from ({args.expect_digest}): the script was edited; re-render it with 'spoolrl render'")
+        config = load_config(args.config, args.overrides)
+        _check_digest(config, args.expect_digest)
+    else:
+        config = load_checked(args, args.overrides)
     paths = init_run(args.run, config, if_missing=args.if_missing)
     print(paths.root)
     return 0
@@ -74,12 +77,15 @@ def register(sub: Any) -> None:
     d.set_defaults(func=_config_default)
 
     p = sub.add_parser("validate", help="check a run config without creating anything",
-                       description="Validate run.yaml plus overrides; exit 2 and list every problem if invalid.")
+                       description="Validate run.yaml plus overrides, and the paths it names as this host sees them "
+                       "(model, tasks, images; --paths-on-cluster skips those and lists them). Exit 2 listing every "
+                       "problem with its dotted key and fix; 0 and 'valid' otherwise.")
     add_config_args(p)
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("init", help="create a run directory (starts nothing)",
-                       description="Validate the config, then create RUN with its layout and frozen run.yaml.")
+                       description="Validate the config as 'spoolrl validate' does, then create RUN with its layout, frozen "
+                       "run.yaml and provenance (the model's hash). Nothing is created for an invalid config.")
     add_run_arg(p)
     add_config_args(p)
     p.add_argument("--if-missing", action="store_true",

@@ -23,7 +23,11 @@ def register(sub: Any) -> None:
                        description="Run one command (exec) or an interactive shell (shell) in a rootless "
                        "sandbox, through the same persistent-bash path the agent uses.")
     verbs = p.add_subparsers(dest="sandbox_verb", metavar="<exec|shell>")
-    ex = verbs.add_parser("exec", help="run one command; print one JSON result")
+    ex = verbs.add_parser("exec", help="run one command; print one JSON result",
+                          description="Run one command in a fresh sandbox through the agent's persistent bash "
+                          "and print one JSON object (output, exit_code, timed_out, truncated, duration_s, "
+                          "total_bytes). Exit 0 whenever the sandbox worked; the command's own status is in "
+                          "the JSON. -- ARGV... runs ARGV as given; one quoted word (-- 'cd src && make') is a bash line.")
     _common(ex)
     ex.add_argument("--timeout-s", type=float, default=None, help="timeout of the command (default: config)")
     ex.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV... (run exactly as given), or -- 'ONE COMMAND LINE' (run by bash)")

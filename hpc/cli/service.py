@@ -88,6 +88,7 @@ def service_config(values: dict[str, str], args: argparse.Namespace, run_trust: 
 
 def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
     from hpc.config import load_config
+    from hpc.config.site import check_site
     from hpc.paths import TINY_MODEL, node_scratch
     from hpc.rundir import create_run, open_run
 
@@ -95,6 +96,7 @@ def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[
     if (run / "run.yaml").exists() and not args.config and not overrides:
         return open_run(run)
     config = load_config(args.config, overrides)
+    check_site(config)  # the server runs here: every path it names must exist here, before RUN is created
     if config.model.path == TINY_MODEL and not config.model.tokenizer_path and not (run / "model").is_dir():
         raise UsageError("rollout-server needs the policy's tokenizer: set model.path=DIR (or "
                          "model.tokenizer_path=DIR) to a Hugging Face model directory")

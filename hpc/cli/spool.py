@@ -46,11 +46,12 @@ def register(sub: Any) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    run = Path(args.run)
-    if not (run / "spool").is_dir():
-        raise UsageError(f"{run} has no spool/ directory: give a run directory (made by 'spoolrl init')")
+    from hpc.rundir import require_run
     from hpc.spool import Spool
 
+    run = Path(args.run)
+    if not (run / "spool").is_dir():
+        require_run(run)  # no spool and no run: the one wording (a run without spool/ gets it created)
     stats = Spool(run).stats()
     if args.json:
         print_json(stats)
@@ -83,6 +84,10 @@ def _shard_paths(target: Path, latest: int) -> list[Path]:
         if not shards:
             raise UsageError(f"{target}: the run has no sealed shards yet (RUN/spool/shards/*/)")
         return shards[-latest:]
+    if target.is_dir():
+        from hpc.rundir import require_run
+
+        require_run(target)  # a directory that is no run: the one wording
     raise UsageError(f"{target}: no such shard file or run directory (shards live in RUN/spool/shards/*/)")
 
 
@@ -106,15 +111,26 @@ def _print_decoded(tokenizer: Any, traj: Any, color: bool) -> None:
     print(f"[outcome] {outcome_line(traj.meta())}\n")
 
 
+def _read_shard(path: Path) -> tuple[Any, list[Any]]:
+    """A shard's table and trajectories; a file that is not a valid shard is one error (exit 2) with the reason."""
+    from hpc.errors import CorruptShardError
+    from hpc.shard import read_shard_file, table_trajectories
+
+    try:
+        table = read_shard_file(path)
+        return table, list(table_trajectories(table, str(path)))  # rows are checked as they are read
+    except CorruptShardError as exc:
+        raise UsageError(f"{path} is not a valid spoolrl shard ({str(exc).removeprefix(f'{path}: ')})") from exc
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from hpc.shard import read_shard_file, table_trajectories, writer_session
+    from hpc.shard import writer_session
 
     paths = _shard_paths(Path(args.shard), args.latest)
     tokenizer = _decoder(args, paths[0]) if args.decode else None
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     for path in paths:
-        table = read_shard_file(path)
-        trajs = table_trajectories(table, str(path))
+        table, trajs = _read_shard(path)
         if args.json:
             for traj in trajs:
                 print(json.dumps(traj.to_json(), sort_keys=True, default=str))

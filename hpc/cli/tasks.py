@@ -6,7 +6,7 @@ the task is wrong), ``fail_to_pass_passing_at_base``, ``gold_not_passing`` and t
 if every gold reward is 1 and every empty reward is 0 (harness errors count as failures); a summary
 goes to stderr. Repositories come from ``--repo-cache`` (or ``tasks.repo_cache``); the built-in
 repositories are materialised there (or in a temporary directory) first. Dotted ``key=value``
-config overrides go right after the task source (``tasks check builtin tasks.eval_python=X --jobs 4``).
+config overrides follow the task source, before or after the flags (``tasks check builtin --jobs 4 tasks.eval_python=X``).
 """
 
 from __future__ import annotations

@@ -11,15 +11,46 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc.config import RunConfig
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides."""
+    """The one way a command takes a config: ``--config FILE`` plus dotted ``key=value`` overrides (before or
+    after the flags), and ``--paths-on-cluster`` for a config whose paths this host cannot see."""
     parser.add_argument("--config", metavar="FILE", required=required,
                         help="run.yaml (see 'spoolrl config default'); omitted = built-in defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. trainer.lr=1e-5 slurm.rollout.nodes=4")
+    parser.add_argument("--paths-on-cluster", action="store_true",
+                        help="the config's paths (model.path, tasks.source, images, ...) exist only on the cluster: "
+                        "do not require them here (they are listed as unchecked)")
+
+
+def load_checked(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
+    """``--config`` + overrides, validated as a run to submit (:func:`check_job`); with ``--paths-on-cluster``
+    it prints which paths went unchecked."""
+    from hpc.config import load_config
+    from hpc.config.site import unchecked_paths
+
+    config = check_job(load_config(args.config, overrides), paths_on_cluster=args.paths_on_cluster)
+    if args.paths_on_cluster and (note := unchecked_paths(config)):
+        print(f"spoolrl: note: {note}", file=sys.stderr)
+    return config
+
+
+def check_job(config: RunConfig, *, paths_on_cluster: bool = False) -> RunConfig:
+    """``config`` as a run to submit (hpc.config.checks.job_problems) with its paths checked from here
+    (hpc.config.site) unless ``paths_on_cluster``; ConfigError (exit 2) lists every problem."""
+    from hpc.config.checks import job_problems
+    from hpc.config.site import site_problems
+    from hpc.errors import ConfigError
+
+    if problems := job_problems(config) + site_problems(config, paths_on_cluster=paths_on_cluster):
+        raise ConfigError(problems)
+    return config
 
 
 def print_json(obj: Any, *, stream: Any = None) -> None:

@@ -2,6 +2,9 @@
 
 ``load_config`` reads YAML, applies dotted ``key=value`` overrides, and validates everything
 before anything is created on disk; problems are raised together as one :class:`ConfigError`.
+Validation here is pure: each section's own rules, then the rules across sections
+(:mod:`hpc.config.checks`). What needs the filesystem (do the named paths exist from here?) is
+:mod:`hpc.config.site`, which the CLI runs after loading.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from hpc.config.base import build, iter_fields, knob, section, to_dict
+from hpc.config.base import build, control_problem, iter_fields, knob, section, to_dict
+from hpc.config.checks import cross_section_problems
 from hpc.config.inference import InferenceConfig
 from hpc.config.rollout import RolloutConfig
 from hpc.config.sandbox import SandboxConfig
@@ -59,7 +63,7 @@ class RunConfig:
                 "algorithm.group_size: 1 makes every group zero-variance, so drop_zero_variance would drop all; "
                 "use group_size >= 2 or drop_zero_variance: false"
             )
-        problems += self._sampling_problems() + self._length_problems()
+        problems += self._sampling_problems() + self._length_problems() + cross_section_problems(self)
         if self.trainer.precision == "bf16" and self.slurm.train.gpus_per_node == 0:
             problems.append(
                 "trainer.precision: bf16 without GPUs (slurm.train.gpus_per_node: 0) is slow on CPU; "
@@ -109,6 +113,9 @@ def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             problems.append(f"{item!r}: overrides look like section.key=value (e.g. trainer.lr=1e-5)")
+            continue
+        if (why := control_problem(key, raw)) is not None:  # YAML would fold a newline into a space
+            problems.append(why)
             continue
         try:
             value = yaml.safe_load(raw) if raw != "" else ""

@@ -150,14 +150,21 @@ def _scalar(tp: Any, value: Any, key: str, problems: list[str]) -> Any:
         return None
     if tp is str:
         if isinstance(value, str):
-            if (bad := _CONTROL.search(value)) is not None:
-                problems.append(f"{key}: {show(value)} contains the control character {bad.group()!r} at position "
-                                f"{bad.start()}; give one line of plain text (values are written into batch scripts)")
+            if (why := control_problem(key, value)) is not None:
+                problems.append(why)
                 return None
             return value
         problems.append(f"{key}: expected a string, got {show(value)}; quote it if it looks like a number")
         return None
     raise TypeError(f"unsupported config type {tp!r} at {key}")  # a bug in a config class
+
+
+def control_problem(key: str, text: str) -> str | None:
+    """The refusal of a value with a control character (tab allowed), or None when it has none."""
+    if (bad := _CONTROL.search(text)) is None:
+        return None
+    return (f"{key}: {show(text)} contains the control character {bad.group()!r} at position {bad.start()}; "
+            "give one line of plain text (values are written into batch scripts)")
 
 
 def _number(value: Any) -> float | None:

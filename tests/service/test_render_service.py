@@ -49,7 +49,7 @@ def test_service_job_shape() -> None:
 
 
 def test_render_cli_service_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["render", "--service", "--run", str(tmp_path / "r"), *OVERRIDES]) == 0
+    assert main(["render", "--service", "--run", str(tmp_path / "r"), *OVERRIDES, "--paths-on-cluster"]) == 0
     out = capsys.readouterr().out
     assert "spoolrl-service" in out and "rollout-server" in out and "train-node" not in out.split("# Contract")[0]
 

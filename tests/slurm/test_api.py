@@ -29,7 +29,7 @@ def _plan(run: Run, role: str, plan: str) -> None:
 
 def _create(run_dir: Path, fake_python: Path, train_plan: str) -> Run:
     config = to_dict(fast_config(fake_python, "slurm.rollout.nodes=1"))  # a plain dict, as a notebook has it
-    run = Run.create(run_dir, config=config)
+    run = Run.create(run_dir, config=config, paths_on_cluster=True)  # /nonexistent-model: fake_python runs the roles
     _plan(run, "train", train_plan)
     return run
 

@@ -31,7 +31,7 @@ def _render(tmp_path: Path, run: Path, *extra: str) -> tuple[str, str]:
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({"trainer": {"lr": 2e-5}}))
     out = _cli("render", "--config", str(cfg), "--run", str(run), "-o", str(tmp_path / "job.sbatch"), *BASE,
-               *OVERRIDES, *extra, cwd=tmp_path)
+               *OVERRIDES, *extra, "--paths-on-cluster", cwd=tmp_path)  # model.path: a path no host has
     assert out.returncode == 0, out.stderr
     return (tmp_path / "job.sbatch").read_text(), out.stderr
 
@@ -73,7 +73,7 @@ def test_a_missing_run_is_created_from_the_embedded_config(tmp_path: Path) -> No
 
 def test_a_run_frozen_with_another_config_is_refused_naming_the_keys(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert _cli("init", str(run), *BASE, cwd=tmp_path).returncode == 0  # no overrides: total_steps 100
+    assert _cli("init", str(run), *BASE, "--paths-on-cluster", cwd=tmp_path).returncode == 0  # total_steps 100
     script, _ = _render(tmp_path, run)
     out = _check_run_config(script)
     assert out.returncode == 2, out.stderr

@@ -171,7 +171,8 @@ def test_cli_launch_status_cancel_as_unprivileged_user(run_dir: Path, fake_pytho
                   for g in ("train", "infer", "rollout"))
     )
     cli = [str(ci_python), "-m", "hpc.cli"]
-    out = as_ci_user([*cli, "launch", "--config", str(cfg), str(run_dir)], cwd=str(run_dir.parent))
+    out = as_ci_user([*cli, "launch", "--config", str(cfg), str(run_dir), "--paths-on-cluster"],
+                     cwd=str(run_dir.parent))
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.split()[2]
     assert f"run: {run_dir}" in out.stdout
@@ -188,7 +189,7 @@ def test_cli_launch_status_cancel_as_unprivileged_user(run_dir: Path, fake_pytho
     assert isinstance(status, dict)
     assert [g["role"] for g in status["jobs"][0]["groups"]] == ["train", "infer", "rollout"]
     assert status["jobs"][0]["job_id"] == job_id
-    again = as_ci_user([*cli, "launch", "--config", str(cfg), str(run_dir)])
+    again = as_ci_user([*cli, "launch", "--config", str(cfg), str(run_dir), "--paths-on-cluster"])
     assert again.returncode != 0 and "already holds a run" in again.stderr
     refused = as_ci_user([*cli, "resume", str(run_dir)])
     assert refused.returncode != 0 and "still has active jobs" in refused.stderr
@@ -222,7 +223,8 @@ def test_separate_mode_and_scale_as_unprivileged_user(run_dir: Path, fake_python
     overrides = [f"slurm.{g}.{k}={v}" for g in ("train", "infer", "rollout")
                  for k, v in (("python", str(fake_python)), ("mem_gb", 0.25), ("cpus_per_task", 1))]
     overrides += ["slurm.mode=separate", "slurm.job_name=spoolrl-test", "model.path=/nonexistent-model"]
-    out = as_ci_user([*cli, "launch", "--run", str(run_dir), *overrides], cwd=str(run_dir.parent))
+    out = as_ci_user([*cli, "launch", "--run", str(run_dir), *overrides, "--paths-on-cluster"],
+                     cwd=str(run_dir.parent))
     assert out.returncode == 0, out.stderr
     assert [line.split()[3] for line in out.stdout.splitlines() if line.startswith("submitted")] == [
         "(train:", "(infer:", "(rollout:"]

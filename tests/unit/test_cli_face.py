@@ -13,11 +13,12 @@ from hpc.cli import VERB_MODULES, build_parser
 REPO = Path(__file__).resolve().parents[2]
 
 VERBS = {
+    "demo": {}, "warm-start": {}, "report": {},
     "config": {"default": {}}, "validate": {}, "init": {}, "spool": {"stats": {}, "inspect": {}},
     "render": {}, "launch": {}, "status": {}, "cancel": {}, "resume": {}, "scale": {},
     "rollout-node": {}, "rollout-server": {}, "sandbox": {"exec": {}, "shell": {}}, "tasks": {"check": {}},
     "train-node": {}, "checkpoints": {}, "serve": {}, "tiny-model": {}, "infer-node": {},
-    "model": {"from-gguf": {}}, "demo": {}, "warm-start": {}, "report": {},
+    "model": {"from-gguf": {}},
 }
 
 

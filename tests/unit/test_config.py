@@ -162,7 +162,17 @@ def test_unsupported_chat_template_is_refused_before_anything_starts(verb: list[
     assert list(work.iterdir()) == [], "nothing may be created for a refused model"
 
 
-def test_a_model_dir_not_visible_here_is_a_warning_not_an_error(tmp_path: Path) -> None:
-    out = subprocess.run([*SPOOLRL, "validate", "model.path=/nowhere/model", "trainer.precision=fp32",
-                          "slurm.train.gpus_per_node=0"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "cannot be checked" in out.stderr
+@pytest.mark.parametrize("verb", [["validate"], ["render"], ["launch", "--dry-run"], ["init", "RUNDIR"]])
+def test_a_model_dir_not_visible_here_is_an_error_unless_it_is_on_the_cluster(
+        verb: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = [*[str(tmp_path / "run") if v == "RUNDIR" else v for v in verb], "model.path=/nowhere/model",
+            "trainer.precision=fp32", "slurm.train.gpus_per_node=0"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "model.path: /nowhere/model does not exist here" in err and "--paths-on-cluster" in err, err
+    assert list(tmp_path.iterdir()) == []
+    assert main([*args, "--paths-on-cluster"]) == 0
+    assert "not checked here (--paths-on-cluster): model.path=/nowhere/model" in capsys.readouterr().err

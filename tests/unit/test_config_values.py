@@ -127,7 +127,7 @@ def test_an_override_value_with_a_control_character_names_the_key(tmp_path: Path
                                                   ("a,b", ["slurm.rollout.container=/img/r.sif"], "separators")])
 def test_render_refuses_a_run_dir_it_cannot_write(run_name: str, extra: list[str], why: str, tmp_path: Path) -> None:
     for verb in ("render", "launch"):
-        out = _cli(verb, "--run", str(tmp_path / run_name), *CPU, *extra, cwd=tmp_path)
+        out = _cli(verb, "--run", str(tmp_path / run_name), *CPU, *extra, "--paths-on-cluster", cwd=tmp_path)
         assert out.returncode == 2 and "RUN:" in out.stderr and why in out.stderr, out.stderr[-2000:]
         assert list(tmp_path.iterdir()) == []
 
@@ -136,8 +136,8 @@ def test_run_directories_are_private_whatever_the_umask(tmp_path: Path) -> None:
     import os
     import stat
     run = tmp_path / "run"
-    out = subprocess.run([*SPOOLRL, "init", str(run), *CPU, "model.path=/nonexistent"], capture_output=True,
-                         text=True, timeout=120, preexec_fn=lambda: os.umask(0o002), stdin=subprocess.DEVNULL)
+    out = subprocess.run([*SPOOLRL, "init", str(run), *CPU, "model.path=/nonexistent", "--paths-on-cluster"],
+                         capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(0o002), stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     dirs = [run, *(p for p in run.iterdir() if p.is_dir())]
     assert {"control", "spool", "endpoints", "checkpoints", "policy"} <= {p.name for p in dirs}
