@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 VERBS = {
     "config": {"default": {}}, "validate": {}, "init": {}, "spool": {"stats": {}, "inspect": {}},
     "render": {}, "launch": {}, "status": {}, "cancel": {}, "resume": {}, "scale": {},
-    "rollout-node": {}, "rollout-server": {}, "sandbox": {"exec": {}, "shell": {}}, "tasks": {"check": {}},
+    "rollout-node": {}, "rollout-server": {}, "sandbox": {"exec": {}, "shell": {}},
+    "harness": {"install": {}, "check": {}}, "tasks": {"check": {}},
     "train-node": {}, "checkpoints": {}, "serve": {}, "tiny-model": {}, "infer-node": {},
     "model": {"from-gguf": {}}, "demo": {}, "warm-start": {}, "report": {},
 }
