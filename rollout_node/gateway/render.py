@@ -121,11 +121,28 @@ def _arguments_value(arguments: Any) -> Any:
 
 
 class Renderer:
-    """Messages + tools -> IDs with one :class:`ChatTemplate` (thread-safe: no per-call state on self)."""
+    """Messages + tools -> IDs with one :class:`ChatTemplate`; one per session (not thread-safe).
+
+    Content encodings are memoised (up to ``MAX_CACHED`` texts), so a harness that resends its history
+    pays the tokenizer only for the messages that are new since its last call."""
+
+    MAX_CACHED = 4096
 
     def __init__(self, template: ChatTemplate) -> None:
         self.template = template
         self.tool_role = TOOL_RESULT_ROLE[template.format.name]
+        self._encoded: dict[str, tuple[int, ...]] = {}
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        ids = self._encoded.get(text)
+        if ids is None:
+            if len(self._encoded) >= self.MAX_CACHED:
+                self._encoded.clear()
+            ids = self._encoded[text] = tuple(self.template.encode_content(text))
+        return ids
+
+    def _message(self, role: str, text: str) -> list[int]:
+        return self.template.message_ids(role, self._encode(text))
 
     def tools_block(self, tools: Sequence[Mapping[str, Any]]) -> str:
         return TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
@@ -138,7 +155,7 @@ class Renderer:
         pending_tools: list[str] = []
         first = messages[0] if messages else {}
         if tools and first.get("role") not in ("system", "developer"):
-            ids += t.message_ids("system", t.encode_content(self.tools_block(tools)))
+            ids += self._message("system", self.tools_block(tools))
         for i, m in enumerate(messages):
             where = f"messages[{i}]"
             role = m.get("role")
@@ -149,9 +166,9 @@ class Renderer:
             if role in ("system", "developer"):
                 if tools and i == 0:
                     text = f"{text}\n\n{self.tools_block(tools)}" if text else self.tools_block(tools)
-                ids += t.message_ids("system", t.encode_content(text))
+                ids += self._message("system", text)
             elif role == "user":
-                ids += t.message_ids("user", t.encode_content(text))
+                ids += self._message("user", text)
             elif role == "assistant":
                 ids += self._assistant(text, _calls_of(m, where), produced)
             elif role == "tool":
@@ -170,11 +187,11 @@ class Renderer:
             return [*t.prefix("assistant"), *generated, *t.after_end_of_turn]
         blocks = [format_tool_call(name, _arguments_value(args)) for _cid, name, args in calls]
         body = "\n".join(([text] if text else []) + blocks)
-        return t.message_ids("assistant", t.encode_content(body))
+        return self._message("assistant", body)
 
     def _tool_results(self, results: Sequence[str]) -> list[int]:
         body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
-        return self.template.message_ids(self.tool_role, self.template.encode_content(body))
+        return self._message(self.tool_role, body)
 
 
 def new_call_id() -> str:
