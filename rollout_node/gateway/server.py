@@ -65,7 +65,12 @@ class Gateway:
     # -- lifecycle (called from the rollout node's threads) ------------------------------------------------
 
     def start(self) -> Gateway:
-        """Bind the socket and serve; returns once requests are accepted (raises if binding failed)."""
+        """Bind the socket and serve; returns once requests are accepted (raises if binding failed).
+        Idempotent while serving (``with Gateway(...).start() as gw`` starts it once)."""
+        if self._loop is not None:
+            return self
+        if self._thread is not None:
+            raise RuntimeError("a Gateway serves once: make a new one after close()")
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._serve, name="spoolrl-gateway", daemon=True)
         self._thread.start()

@@ -274,5 +274,11 @@ def test_tool_choice_none_returns_the_call_as_text(gateway: Gateway, client: Inf
 
 def test_socket_is_private_and_path_length_checked(gateway: Gateway, tmp_path: Path) -> None:
     assert gateway.socket_path.stat().st_mode & 0o777 == 0o600
+    threads = threading.active_count()
+    with Gateway(tmp_path / "gw.sock").start() as again:  # start() then __enter__: one server
+        assert again.start() is again and threading.active_count() == threads + 1
+    assert not (tmp_path / "gw.sock").exists()
+    with pytest.raises(RuntimeError, match="serves once"):
+        again.start()
     with pytest.raises(ValueError, match="longer than"):
         Gateway(tmp_path / ("x" * 120) / "gateway.sock")
