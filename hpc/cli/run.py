@@ -11,7 +11,7 @@ from typing import Any
 
 from hpc.cli.util import add_config_args, add_run_arg, warn_unchecked_model
 from hpc.config import RunConfig
-from hpc.errors import UsageError
+from hpc.errors import ConfigError, UsageError
 from hpc.paths import TINY_MODEL, RunPaths
 
 
@@ -28,6 +28,11 @@ def _validate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     warn_unchecked_model(config)
+    if config.rollout.policy == "harness":
+        from rollout_node.pipeline.harness_install import check_prefix
+
+        if problems := check_prefix(config.rollout.harness.prefix):
+            raise ConfigError(problems)
     print(f"{args.config or '(defaults)'}: valid")
     return 0
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,21 +107,25 @@ def run_harness(sandbox: object, cfg: HarnessConfig, *, key: str, socket_path: P
 class ScriptedBackend:
     """A stand-in for the policy's inference servers (no LLM here): answers call ``i`` with ``replies[i]``
     (then the last one again) as the template's token IDs + end of turn, logprob ``-0.5``, version 0,
-    ``logprob_kind`` "synthetic" (the trainer refuses it). Used by ``spoolrl harness check`` and the tests."""
+    ``logprob_kind`` "synthetic" unless told (the trainer refuses it). It records every prompt it was sent
+    and every completion it returned. Used by ``spoolrl harness check`` and the tests."""
 
     template: ChatTemplate
     replies: Sequence[str]
-    calls: int = 0
+    logprob_kind: str = "synthetic"
+    prompts: list[tuple[int, ...]] = field(default_factory=list)
+    completions: list[tuple[int, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         with self._lock:
-            text = self.replies[min(self.calls, len(self.replies) - 1)]
-            self.calls += 1
-        ids = [*self.template.encode_content(text)[: max(0, sampling.max_tokens - 1)], self.template.im_end]
-        return Completion(tuple(ids), (-0.5,) * len(ids), (0,) * len(ids), logprob_kind="synthetic")
+            text = self.replies[min(len(self.prompts), len(self.replies) - 1)]
+            ids = (*self.template.encode_content(text)[: max(0, sampling.max_tokens - 1)], self.template.im_end)
+            self.prompts.append(tuple(prompt_ids))
+            self.completions.append(ids)
+        return Completion(ids, (-0.5,) * len(ids), (0,) * len(ids), logprob_kind=self.logprob_kind)
 
 
 def _tail(text: str) -> str:
