@@ -5,10 +5,11 @@ Guarantees:
   content tokenized alone, special-token text in content stays text), so the same messages and
   tools always give the same IDs, and IDs the gateway sent are exactly what it records.
 - **Prefix merging.** An assistant message the gateway produced (looked up by its content and tool
-  calls, see :func:`assistant_key`) is rendered as ``prefix("assistant")`` + the exact IDs it
-  generated (end-of-turn included) + ``after_end_of_turn``: never decoded and encoded again. A
-  harness that resends its history unchanged therefore gets a prompt that extends the previous
-  prompt + completion token for token.
+  calls' names and arguments, see :func:`assistant_key`; call ids do not matter, so a harness that
+  renumbers them still matches; the k-th message with one key is the k-th answer produced with it) is
+  rendered as ``prefix("assistant")`` + the exact IDs it generated (end-of-turn included) +
+  ``after_end_of_turn``: never decoded and encoded again. A harness that resends its history
+  unchanged therefore gets a prompt that extends the previous prompt + completion token for token.
 - Tool format (Qwen 2.5's text, used for both supported chat formats): the tools are listed as JSON
   lines inside ``<tools></tools>`` after the system message's content (a system message holding only
   the tools block is added when the conversation has none); a call is
@@ -41,8 +42,10 @@ TOOLS_FOOTER = (
 )
 TOOL_RESULT_ROLE = {"chatml": "user", "llama3": "ipython"}
 
-# (content, ((call id, name, canonical arguments), ...)): how a produced assistant message is recognised
-AssistantKey = tuple[str, tuple[tuple[str, str, str], ...]]
+# (content, ((name, canonical arguments), ...)): how a produced assistant message is recognised
+AssistantKey = tuple[str, tuple[tuple[str, str], ...]]
+# each key -> the IDs of the answers produced with it, in order
+Produced = Mapping[AssistantKey, Sequence[Sequence[int]]]
 
 
 class RenderError(ValueError):
@@ -106,8 +109,9 @@ def _calls_of(message: Mapping[str, Any], where: str) -> list[tuple[str, str, An
 
 
 def assistant_key(content: str, calls: Sequence[tuple[str, str, Any]]) -> AssistantKey:
-    """The lookup key of an assistant message: stripped content + (id, name, canonical arguments) per call."""
-    return content.strip(), tuple((cid, name, canonical_arguments(args)) for cid, name, args in calls)
+    """The lookup key of an assistant message: stripped content + (name, canonical arguments) per
+    ``(id, name, arguments)`` call."""
+    return content.strip(), tuple((name, canonical_arguments(args)) for _cid, name, args in calls)
 
 
 def _arguments_value(arguments: Any) -> Any:
@@ -148,11 +152,12 @@ class Renderer:
         return TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
 
     def prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-               produced: Mapping[AssistantKey, Sequence[int]]) -> list[int]:
+               produced: Produced) -> list[int]:
         """The prompt IDs: BOS (if the template has one), every message, then the generation prompt."""
         t = self.template
         ids: list[int] = list(t.bos_prefix)
         pending_tools: list[str] = []
+        seen: dict[AssistantKey, int] = {}
         first = messages[0] if messages else {}
         if tools and first.get("role") not in ("system", "developer"):
             ids += self._message("system", self.tools_block(tools))
@@ -170,7 +175,7 @@ class Renderer:
             elif role == "user":
                 ids += self._message("user", text)
             elif role == "assistant":
-                ids += self._assistant(text, _calls_of(m, where), produced)
+                ids += self._assistant(text, _calls_of(m, where), produced, seen)
             elif role == "tool":
                 pending_tools.append(text)
             else:
@@ -180,11 +185,13 @@ class Renderer:
         return ids + list(t.generation_prompt)
 
     def _assistant(self, text: str, calls: list[tuple[str, str, Any]],
-                   produced: Mapping[AssistantKey, Sequence[int]]) -> list[int]:
+                   produced: Produced, seen: dict[AssistantKey, int]) -> list[int]:
         t = self.template
-        generated = produced.get(assistant_key(text, calls))
-        if generated is not None:
-            return [*t.prefix("assistant"), *generated, *t.after_end_of_turn]
+        key = assistant_key(text, calls)
+        k = seen[key] = seen.get(key, -1) + 1
+        answers = produced.get(key, ())
+        if k < len(answers):
+            return [*t.prefix("assistant"), *answers[k], *t.after_end_of_turn]
         blocks = [format_tool_call(name, _arguments_value(args)) for _cid, name, args in calls]
         body = "\n".join(([text] if text else []) + blocks)
         return self._message("assistant", body)

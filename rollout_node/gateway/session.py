@@ -142,7 +142,7 @@ class GatewaySession:
         self._call_lock = threading.Lock()   # one call at a time
         self._state = threading.Lock()       # the trace and the produced-message map
         self._trace = SessionTrace(sampling=sampling.record())
-        self._produced: dict[AssistantKey, tuple[int, ...]] = {}
+        self._produced: dict[AssistantKey, list[tuple[int, ...]]] = {}
         self._kinds: set[str] = set()
         self._closed = False
 
@@ -162,10 +162,9 @@ class GatewaySession:
             if self._closed:
                 raise SessionClosed()
             with self._state:
-                produced = dict(self._produced)
                 current = self._trace.segments[-1].token_ids if self._trace.segments else None
-            try:
-                prompt = self.renderer.prompt(request.messages, request.tools, produced)
+            try:  # the produced map changes only in _record, under the call lock held here
+                prompt = self.renderer.prompt(request.messages, request.tools, self._produced)
             except RenderError as exc:
                 raise WireError(str(exc), param=exc.param) from exc
             room = self.sampling.max_tokens - len(prompt) - 1
@@ -223,7 +222,8 @@ class GatewaySession:
             segment.add_generated(ids, logprobs, versions)
             if stored[-1:] != ids[-1:]:
                 segment.add_context(stored[-1:])
-            self._produced[assistant_key(content, [(c.id, c.name, c.arguments) for c in calls])] = stored
+            key = assistant_key(content, [(c.id, c.name, c.arguments) for c in calls])
+            self._produced.setdefault(key, []).append(stored)
             trace.calls += 1
             trace.llm_s += llm_s
             self._kinds.add(completion.logprob_kind)

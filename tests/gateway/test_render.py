@@ -15,6 +15,7 @@ from test_gateway import _assert_exact
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, Renderer, split_tool_calls
+from rollout_node.gateway.render import assistant_key
 from train_node.infer.tiny import cached_tiny_model
 
 # Qwen 2.5's tool-calling template, written here from its published text (tools block in the system
@@ -147,3 +148,20 @@ def test_llama3_unchanged_history_is_one_segment(llama3: tuple[ChatTemplate, Gat
     assert len(trace.segments) == 1 and records[0]["prompt"][0] == t.bos_prefix[0]
     _assert_exact(trace.segments[0], records)
     assert "<|start_header_id|>ipython<|end_header_id|>" in t.decode(records[1]["prompt"], skip_special_tokens=False)
+
+
+def test_repeated_answers_render_with_their_own_ids_in_order(template: ChatTemplate) -> None:
+    """Two answers with the same text and call (different IDs, e.g. another tokenization) keep their
+    own IDs by position; call ids do not matter (a harness may renumber them)."""
+    call = [{"id": "renumbered", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]
+    key = assistant_key("Again.", [("x", "bash", {"command": "ls"})])
+    first, second = (11, 12, template.im_end), (13, template.im_end)
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Again.", "tool_calls": call},
+                {"role": "tool", "content": "a"}, {"role": "assistant", "content": " Again. ", "tool_calls": call},
+                {"role": "tool", "content": "b"}, {"role": "assistant", "content": "Again.", "tool_calls": call}]
+    ids = Renderer(template).prompt(messages, (), {key: [first, second]})
+    head = [*template.prefix("assistant")]
+    starts = [i for i in range(len(ids)) if ids[i:i + len(head)] == head]
+    assert ids[starts[0] + len(head):][:3] == list(first) and ids[starts[1] + len(head):][:2] == list(second)
+    third = ids[starts[2] + len(head):]  # a third occurrence was never produced: rendered from its text
+    assert template.decode(third).startswith("Again.\n<tool_call>")
