@@ -21,8 +21,8 @@ Guarantees:
   ``trace.context_exhausted`` is set: the agent's outcome (truncated), not infrastructure.
 - A backend failure (:class:`hpc.errors.InferenceError`, or anything the backend raises) answers 502
   and is recorded as ``trace.error`` (infrastructure); the session stays open.
-- After :meth:`GatewaySession.close` every call is refused (401), a call in flight included: its
-  completion is not recorded, so the returned :class:`SessionTrace` is final.
+- After :meth:`GatewaySession.close` every call is refused (401), a call in flight included: nothing
+  of it is recorded, so the returned :class:`SessionTrace` is final.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ class GatewaySession:
             room = self.sampling.max_tokens - len(prompt) - 1
             if room < 1:
                 with self._state:
-                    self._trace.context_exhausted = True
+                    if not self._closed:
+                        self._trace.context_exhausted = True
                 raise WireError(f"the conversation is {len(prompt)} tokens; this session allows "
                                 f"{self.sampling.max_tokens} per sequence (rollout.max_tokens)",
                                 param="messages", code="context_length_exceeded")
@@ -188,8 +189,9 @@ class GatewaySession:
             completion = self.backend.generate(prompt, params)
         except Exception as exc:  # any backend failure is infrastructure, recorded and answered 502
             with self._state:
-                self._trace.llm_s += time.perf_counter() - t0
-                self._trace.error = f"backend: {exc}"
+                if not self._closed:  # the trace close() returned is final
+                    self._trace.llm_s += time.perf_counter() - t0
+                    self._trace.error = f"backend: {exc}"
             raise BackendFailed(f"the policy's inference backend failed: {exc}") from exc
         return completion, time.perf_counter() - t0
 
@@ -237,12 +239,14 @@ class GatewaySession:
     def add_gateway_time(self, seconds: float) -> None:
         """The gateway's own time for one call (the HTTP handler's time minus the LLM's)."""
         with self._state:
-            self._trace.gateway_s += max(0.0, seconds)
+            if not self._closed:
+                self._trace.gateway_s += max(0.0, seconds)
 
     def note_error(self, message: str) -> None:
         """An infrastructure failure inside the gateway itself (recorded as ``trace.error``)."""
         with self._state:
-            self._trace.error = f"gateway: {message}"
+            if not self._closed:
+                self._trace.error = f"gateway: {message}"
 
     def close(self) -> SessionTrace:
         """End the session: its key gets 401 from now on; returns the final trace (idempotent)."""

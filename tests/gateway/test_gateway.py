@@ -9,6 +9,7 @@ reproduce is a 400; backend failures are 502 and recorded as infrastructure.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,30 @@ def test_socket_is_private_and_path_length_checked(gateway: Gateway, tmp_path: P
         again.start()
     with pytest.raises(ValueError, match="longer than"):
         Gateway(tmp_path / ("x" * 120) / "gateway.sock")
+
+
+def test_close_during_a_call_refuses_it_and_keeps_the_trace_final(gateway: Gateway, template: ChatTemplate,
+                                                                  tmp_path: Path) -> None:
+    slow = RecordingBackend(tmp_path / "slow.jsonl", template.encode("late<|im_end|>"), latency_s=1.0)
+    client = InferenceClient([slow.url])
+    session = _open(gateway, client, template, "in-flight")
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            sdk(session).chat.completions.create(model="m", messages=_conversation("x"))
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 60
+    while not session._call_lock.locked() and time.monotonic() < deadline:  # the call is inside the session
+        time.sleep(0.01)
+    trace = session.close()
+    caller.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], openai.AuthenticationError)
+    assert trace.calls == 0 and not trace.segments and trace.llm_s == 0 and trace.gateway_s == 0
+    assert len(slow.records()) == 1  # the backend did answer; the closed session did not record it
+    client.close()
+    slow.close()
