@@ -310,3 +310,24 @@ def test_close_during_a_call_refuses_it_and_keeps_the_trace_final(gateway: Gatew
     assert len(slow.records()) == 1  # the backend did answer; the closed session did not record it
     client.close()
     slow.close()
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    (b"{not json", 400, "not JSON"),
+    (b'{"messages": []}', 400, "messages must be a non-empty list"),
+    (b'{"messages": [{"role": "function", "content": "x"}]}', 400, "messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}', 400,
+     "only text content parts"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}', 400, "stop must be"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search"}]}', 400, "tools[0]"),
+    (b'{"messages": [{"role": "user", "content": "' + b"x" * 40000 + b'"}]}', 413, "request body above"),
+])
+def test_malformed_requests_get_openai_errors(template: ChatTemplate, client: InferenceClient, tmp_path: Path,
+                                              body: bytes, status: int, needle: str) -> None:
+    with Gateway(tmp_path / "gw.sock", max_request_mb=0.03) as small:
+        session = _open(small, client, template, "malformed")
+        with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(small.socket_path))) as http:
+            resp = http.post("http://gateway/v1/chat/completions", content=body,
+                             headers={"Authorization": f"Bearer {session.key}", "Content-Type": "application/json"})
+        assert resp.status_code == status and needle in resp.json()["error"]["message"], resp.text
+        assert session.close().calls == 0
