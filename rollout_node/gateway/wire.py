@@ -3,10 +3,10 @@
 Guarantees:
 - :func:`parse_request` accepts ``messages``, ``tools`` (``type: function`` only), ``tool_choice``,
   ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` (a string or up
-  to 4 strings), ``n`` (1 only), ``stream`` and ``stream_options.include_usage``; ``model``,
-  ``seed``, ``user``, ``metadata``, ``parallel_tool_calls``, ``logprobs`` / ``top_logprobs`` and
-  other fields are accepted and ignored (the episode's seed schedule decides the seed: samples of
-  a group must differ; no logprobs are returned).
+  to 4 strings), ``n`` (1 only), ``stream`` and ``stream_options.include_usage``; ``model`` is
+  echoed in the answer; ``seed``, ``user``, ``metadata``, ``parallel_tool_calls``, ``logprobs`` /
+  ``top_logprobs`` and other fields are accepted and ignored (the episode's seed schedule decides the
+  seed: samples of a group must differ; no logprobs are returned).
 - Sampling the trainer cannot reproduce is a :class:`WireError` (HTTP 400) naming the field, by the
   rule ``validate`` applies (:func:`hpc.trajectory.sampling_refusal`): temperature 0, ``top_p`` < 1,
   a ``top_k`` cut; also a temperature other than the run's (the trainer scores a trajectory at one
