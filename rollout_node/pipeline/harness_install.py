@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,8 +90,11 @@ def _local_spec(spec: str) -> Path | None:
 
 
 def collect_wheels(spec: str, wheels: Path, timeout_s: float = INSTALL_TIMEOUT_S) -> None:
-    """Step 1 (host): SPEC and its dependencies as wheels in ``wheels``. Raises UsageError."""
+    """Step 1 (host): SPEC and its dependencies as wheels in ``wheels``; a local directory is built from a
+    copy next to ``wheels`` (pip builds in the tree: the user's directory stays as it was). Raises UsageError."""
     local = _local_spec(spec)
+    if local is not None and local.is_dir():
+        local = Path(shutil.copytree(local, wheels.parent / "source", symlinks=True))
     argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(local or spec)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
