@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hpc.config import AlgorithmConfig, load_config
@@ -166,3 +167,17 @@ def test_standin_harness_outcomes_segments_and_no_network(tmp_path: Path, standi
     advantage = {s.trajectory_id: s.advantage for s in batch.samples}
     assert set(advantage) == {t.trajectory_id for t in rows if t.sample_index != 4}
     assert advantage[first.trajectory_id] == advantage[second.trajectory_id] == 1.0 - 1.0 / 4
+
+
+def test_mini_swe_agent_in_apptainer(tmp_path: Path, mini_prefix: Path) -> None:
+    """The same install in an apptainer sandbox (``--network none``): the relay, the gateway and one
+    scripted mini-swe-agent episode (``spoolrl harness check``'s checks)."""
+    from rollout_node.pipeline.harness_check import check_install
+    from rollout_node.sandbox.runtimes import apptainer_unavailable_reason, find_apptainer
+
+    if not find_apptainer():
+        pytest.skip(f"component unavailable: {apptainer_unavailable_reason()}")
+    sandbox = load_config(None, [f"sandbox.scratch_dir={tmp_path}", "sandbox.runtime=apptainer"]).sandbox
+    checks = check_install(mini_prefix, sandbox, MINI_COMMAND, MINI_ENV)
+    assert [c.ok for c in checks] == [True] * 4, "\n".join(c.line() for c in checks)
+    assert "2 gateway calls, 1 segment(s)" in checks[3].detail and "no network beyond it" in checks[2].detail

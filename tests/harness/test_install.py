@@ -34,8 +34,6 @@ def test_install_a_local_directory_then_check_it(tmp_path: Path) -> None:
     lines = check.stdout.splitlines()
     assert [ln.split(":")[0] for ln in lines] == ["ok   install", "ok   scripts", "ok   gateway", "ok   episode"]
     assert "working tree changed" in lines[3] and "no network beyond it" in lines[2]
-    broken = spoolrl("harness", "check", str(prefix), "--command", "exit 3")
-    assert broken.returncode == 1 and broken.stdout.splitlines()[3].startswith("FAIL episode: exit 3, 0 gateway calls")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
