@@ -19,9 +19,10 @@ Guarantees:
 - Outcomes: the harness exiting (any status), crashing or looping until the budget is the agent's
   outcome (``ok``, or ``timeout`` past ``rollout.run_timeout_s``, time waiting for the inference
   server not counted, as for the built-in agent; a call the gateway refused for lack of room in
-  ``rollout.max_tokens`` makes it ``truncated``); a backend or gateway failure recorded by the session,
-  or a relay that did not start, raises :class:`~hpc.errors.InferenceError` /
-  :class:`~hpc.errors.SandboxError` (infrastructure: excluded, with the reason).
+  ``rollout.max_tokens`` makes it ``truncated``); a backend or gateway failure recorded by the session
+  raises :class:`~hpc.errors.InferenceError`, a relay that did not start or a harness that never called
+  the gateway (nothing of the policy to train: a broken install or command) :class:`~hpc.errors.SandboxError`
+  (infrastructure: retried, then excluded with the reason).
 - The record is the session's segments, never re-tokenized: one segment is the episode's transcript;
   when the harness rewrote its history, every segment becomes a trajectory of its own (its own prompt),
   all sharing the episode's reward and counted as one sample of the group

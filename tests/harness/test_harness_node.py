@@ -10,6 +10,7 @@ truncation, a crash, a hang, a network probe).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -170,14 +171,29 @@ def test_standin_harness_outcomes_segments_and_no_network(tmp_path: Path, standi
 
 
 def test_mini_swe_agent_in_apptainer(tmp_path: Path, mini_prefix: Path) -> None:
-    """The same install in an apptainer sandbox (``--network none``): the relay, the gateway and one
-    scripted mini-swe-agent episode (``spoolrl harness check``'s checks)."""
-    from rollout_node.pipeline.harness_check import check_install
+    """The same install in an apptainer sandbox (``--network none``): one scripted mini-swe-agent episode
+    through the relay and the gateway fixes the task's work tree, one token-exact segment."""
+    from rollout_node.pipeline.harness import run_harness
+    from rollout_node.sandbox import open_sandbox
     from rollout_node.sandbox.runtimes import apptainer_unavailable_reason, find_apptainer
+    from rollout_node.tasks import collect_diff, ensure_builtin_repos, load_tasks, prepare_workdir
 
     if not find_apptainer():
         pytest.skip(f"component unavailable: {apptainer_unavailable_reason()}")
-    sandbox = load_config(None, [f"sandbox.scratch_dir={tmp_path}", "sandbox.runtime=apptainer"]).sandbox
-    checks = check_install(mini_prefix, sandbox, MINI_COMMAND, MINI_ENV)
-    assert [c.ok for c in checks] == [True] * 4, "\n".join(c.line() for c in checks)
-    assert "2 gateway calls, 1 segment(s)" in checks[3].detail and "no network beyond it" in checks[2].detail
+    cfg = load_config(None, [f"sandbox.scratch_dir={tmp_path}", "sandbox.runtime=apptainer", "rollout.policy=harness",
+                             f"rollout.harness.prefix={mini_prefix}", "rollout.harness.command=mini"])
+    task = next(t for t in load_tasks("builtin") if t.instance_id == TASK)
+    ensure_builtin_repos(tmp_path / "repos")
+    prepare_workdir(task, tmp_path / "work", tmp_path / "repos", 120.0)
+    backend = ScriptedBackend(byte_template(), [RIGHT_FIX, MINI_SUBMIT])
+    harness = dataclasses.replace(cfg.rollout.harness, command=MINI_COMMAND, env=MINI_ENV)
+    with Gateway(tmp_path / "gw.sock").start() as gateway, open_sandbox(cfg.sandbox, tmp_path / "work") as sb:
+        session = gateway.open_session("apptainer", backend, byte_template(),
+                                       GatewaySampling(temperature=1.0, max_tokens=1 << 22, max_new_tokens=1 << 16))
+        result = run_harness(sb, harness, key=session.key, socket_path=session.socket_path,
+                             problem=task.problem_statement, stop=lambda: False, timeout_s=300.0)
+        trace = session.close()
+    assert result.exit_code == 0 and sb.runtime.name == "apptainer", result.output[-2000:]
+    assert (trace.calls, len(trace.segments), trace.error) == (2, 1, None)
+    assert list(trace.segments[0].token_ids) == [*backend.prompts[-1], *backend.completions[-1]]
+    assert "self.start <= x < self.end" in collect_diff(tmp_path / "work", task, tmp_path / "repos")
