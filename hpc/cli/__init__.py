@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpc import __version__
-from hpc.cli import demo, infer, launch, model, rollout, run, sandbox, service, spool, tasks, train
+from hpc.cli import demo, harness, infer, launch, model, rollout, run, sandbox, service, spool, tasks, train
 from hpc.errors import SpoolrlError
 
 # The verb modules, in the order their verbs appear in --help; each has ``register(subparsers)``.
@@ -38,6 +38,7 @@ VERB_MODULES = (
     rollout,    # rollout-node
     service,    # rollout-server
     sandbox,    # sandbox exec, sandbox shell
+    harness,    # harness install, harness check
     tasks,      # tasks check
     train,      # train-node, checkpoints
     infer,      # serve, tiny-model, infer-node

@@ -55,11 +55,16 @@ def setup_logging(log_dir: Path, node_id: str) -> None:
 
 
 def make_policy(paths: Any, config: Any) -> Any:
-    """The scripted policy, or the LLM agent loop against the run's inference servers."""
+    """The scripted policy, an agent harness behind the gateway, or the LLM agent loop against the run's
+    inference servers."""
     if config.rollout.policy == "scripted":
         from rollout_node.pipeline.scripted import ScriptedPolicy
 
         return ScriptedPolicy(config.rollout.scripted_plan)
+    if config.rollout.policy == "harness":
+        from rollout_node.pipeline.harness import build_harness_policy
+
+        return build_harness_policy(paths, config)
     from rollout_node.pipeline.llm import LLMPolicy
 
     return LLMPolicy(paths, config)

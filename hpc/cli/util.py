@@ -43,12 +43,18 @@ def load_checked(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
 
 def check_job(config: RunConfig, *, paths_on_cluster: bool = False) -> RunConfig:
     """``config`` as a run to submit (hpc.config.checks.job_problems) with its paths checked from here
-    (hpc.config.site) unless ``paths_on_cluster``; ConfigError (exit 2) lists every problem."""
+    (hpc.config.site) and the harness install (``rollout.policy: harness``) unless ``paths_on_cluster``;
+    ConfigError (exit 2) lists every problem."""
     from hpc.config.checks import job_problems
     from hpc.config.site import site_problems
     from hpc.errors import ConfigError
 
-    if problems := job_problems(config) + site_problems(config, paths_on_cluster=paths_on_cluster):
+    problems = job_problems(config) + site_problems(config, paths_on_cluster=paths_on_cluster)
+    if config.rollout.policy == "harness" and not paths_on_cluster:
+        from rollout_node.pipeline.harness_install import check_prefix
+
+        problems += check_prefix(config.rollout.harness.prefix)
+    if problems:
         raise ConfigError(problems)
     return config
 

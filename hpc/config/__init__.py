@@ -64,6 +64,9 @@ class RunConfig:
                 "use group_size >= 2 or drop_zero_variance: false"
             )
         problems += self._sampling_problems() + self._length_problems() + cross_section_problems(self)
+        if self.rollout.policy == "harness" and self.sandbox.runtime == "local":
+            problems.append("rollout.policy: harness needs an isolated sandbox (the harness prefix and the gateway "
+                            "socket are mounted into it); use sandbox.runtime: bwrap or apptainer")
         if self.trainer.precision == "bf16" and self.slurm.train.gpus_per_node == 0:
             problems.append(
                 "trainer.precision: bf16 without GPUs (slurm.train.gpus_per_node: 0) is slow on CPU; "

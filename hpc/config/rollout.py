@@ -2,18 +2,61 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from hpc.config.base import knob, section
+
+HARNESS_INSIDE = "/run/spoolrl/harness"  # where rollout.harness.prefix appears inside every sandbox
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# set by spoolrl for every harness episode (the gateway's address and key, the task file, the prefix's PATH)
+HARNESS_RESERVED_ENV = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY", "SPOOLRL_TASK_FILE", "PATH")
+
+
+@section
+class HarnessConfig:
+    """``rollout.policy: harness``: an unmodified agent harness, run in the episode's sandbox against the gateway."""
+
+    command: str = knob(
+        "", doc="shell command line (bash -c) that runs the harness inside the episode sandbox, in the task's "
+        "working directory (/work); the problem statement is in $SPOOLRL_TASK_FILE and on stdin; "
+        "OPENAI_BASE_URL / OPENAI_API_BASE / OPENAI_API_KEY point at this episode's gateway session",
+    )
+    env: dict[str, str] = knob(factory=dict, doc="extra environment of the harness (NAME: value)")
+    prefix: str = knob(
+        "", doc="absolute path of the harness install on the shared filesystem (made by 'spoolrl harness install'), "
+        f"bind-mounted read-only at {HARNESS_INSIDE} in every sandbox; its bin/ is on the harness's PATH",
+    )
+    submit: Literal["diff"] = knob(
+        "diff", doc="how the episode's result is taken: 'diff' = the working tree's diff against the base commit "
+        "when the harness exits (what EVAL applies)",
+    )
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.prefix and not self.prefix.startswith("/"):
+            problems.append(f"prefix: {self.prefix!r} is not absolute; give the install's absolute path on the "
+                            "shared filesystem (spoolrl harness install SPEC --prefix DIR)")
+        if any(c in self.prefix for c in ",:"):
+            problems.append(f"prefix: {self.prefix!r} contains ',' or ':', which apptainer's --bind reads as "
+                            "separators; install the harness under a path without them")
+        for name in self.env:
+            if not _ENV_NAME.fullmatch(name):
+                problems.append(f"env: {name!r} is not an environment variable name (letters, digits, _)")
+            elif name in HARNESS_RESERVED_ENV:
+                problems.append(f"env: {name} is set by spoolrl for every harness episode; remove it")
+        return problems
 
 
 @section
 class RolloutConfig:
     """One rollout node: stage workers, queues, timeouts, retries and the agent's budget."""
 
-    policy: Literal["llm", "scripted"] = knob(
-        "llm", doc="'llm': the agent talks to the inference servers; 'scripted': replay tool calls (tests, debugging)"
+    policy: Literal["llm", "scripted", "harness"] = knob(
+        "llm", doc="'llm': the built-in agent talks to the inference servers; 'scripted': replay tool calls (tests, "
+        "debugging); 'harness': an unmodified agent harness (rollout.harness) talks to a per-episode gateway"
     )
+    harness: HarnessConfig = knob(factory=HarnessConfig, doc="the agent harness of policy: harness")
     init_workers: int = knob(0, doc="INIT workers (0 = from the node's CPUs and free scratch)", min=0, resumable=True)
     run_workers: int = knob(0, doc="concurrent agent episodes (0 = auto)", min=0, resumable=True)
     eval_workers: int = knob(0, doc="EVAL workers (0 = from the node's CPUs)", min=0, resumable=True)
@@ -65,3 +108,15 @@ class RolloutConfig:
     )
     metrics_interval_s: float = knob(10.0, doc="how often the node writes its metrics record", min=0.1,
                                      resumable=True)
+
+    def check(self) -> list[str]:
+        if self.policy != "harness":
+            return []
+        problems = []
+        if not self.harness.command.strip():
+            problems.append("harness.command: required with policy: harness; e.g. 'mini -y --exit-immediately "
+                            "-m openai/policy -t \"$(cat $SPOOLRL_TASK_FILE)\"'")
+        if not self.harness.prefix:
+            problems.append("harness.prefix: required with policy: harness; install one with "
+                            "'spoolrl harness install SPEC --prefix DIR' and give DIR")
+        return problems

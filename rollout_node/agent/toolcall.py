@@ -81,9 +81,10 @@ class ParseError:
     kind: str  # "no_call" | "unclosed" | "bad_json" | "unknown_tool" | "bad_arguments"
 
 
-def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """The canonical text of a call (for scripted policies, prompts and tests)."""
-    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': dict(arguments)})}\n{CLOSE}"
+def format_tool_call(name: str, arguments: Mapping[str, Any] | str) -> str:
+    """The canonical text of a call (for scripted policies, prompts, tests and the gateway's rendering)."""
+    args = arguments if isinstance(arguments, str) else dict(arguments)
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': args})}\n{CLOSE}"
 
 
 def _check_arguments(name: str, args: Mapping[str, Any]) -> str | None:
@@ -137,7 +138,11 @@ def _depth(body: str) -> int:
     return deepest
 
 
-def _decode_call(body: str) -> ToolCall | ParseError:
+def decode_call_json(body: str) -> tuple[str, Any] | ParseError:
+    """``(name, arguments)`` of one block's JSON, any tool name (the gateway serves a harness's own tools).
+
+    The same guards as the agent's parser (depth, digits, no NaN/Infinity); ``arguments`` is what the
+    object holds (``{}`` when absent), unchecked."""
     if _depth(body) > MAX_DEPTH:
         return ParseError(f"tool call is nested deeper than {MAX_DEPTH} levels", "bad_json")
     try:
@@ -148,7 +153,14 @@ def _decode_call(body: str) -> ToolCall | ParseError:
         return ParseError(f"tool call is not acceptable JSON ({str(exc)[:200]})", "bad_json")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ParseError('tool call must be a JSON object {"name": ..., "arguments": {...}}', "bad_json")
-    name, args = obj["name"], obj.get("arguments", {})
+    return obj["name"], obj.get("arguments", {})
+
+
+def _decode_call(body: str) -> ToolCall | ParseError:
+    decoded = decode_call_json(body)
+    if isinstance(decoded, ParseError):
+        return decoded
+    name, args = decoded
     if name not in TOOL_SPECS:
         return ParseError(f"unknown tool {name[:100]!r}; tools: {', '.join(TOOL_SPECS)}", "unknown_tool")
     if not isinstance(args, dict):

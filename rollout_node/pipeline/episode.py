@@ -34,6 +34,7 @@ class Group:
     image: str
     claimed_at: float = field(default_factory=time.monotonic)
     results: dict[int, Trajectory] = field(default_factory=dict)
+    segments: dict[int, list[Trajectory]] = field(default_factory=dict)  # a sample's earlier segments
     live: set[Episode] = field(default_factory=set)
     closed: bool = False  # written or released: late reports are dropped
     started: bool = False  # an episode of it entered INIT (a drain releases unstarted groups at once)
@@ -47,6 +48,10 @@ class Group:
     @property
     def complete(self) -> bool:
         return len(self.results) == self.size
+
+    def rows(self) -> list[Trajectory]:
+        """Every trajectory of the group in sample order, a sample's earlier segments before its last."""
+        return [t for i in range(self.size) for t in (*self.segments.get(i, ()), self.results[i])]
 
 
 @dataclass(eq=False)
@@ -114,24 +119,36 @@ class Episode:
                 except Exception:  # noqa: BLE001 - closing a dying sandbox may fail; the worker cleans up
                     pass
 
-    def trajectory(self, status: Status, reward: float | None) -> Trajectory:
+    def trajectories(self, status: Status, reward: float | None) -> list[Trajectory]:
+        """The sample's record: one trajectory per segment (the policy's ``EpisodeOutput.segments``, then
+        the transcript), all with this sample's index, status and reward (``metrics["segment"]`` = k of
+        ``metrics["segments_per_episode"]``); the last segment keeps the sample's plain trajectory id."""
+        segments = [*(self.output.segments if self.output is not None else []), self.transcript]
+        if len(segments) == 1:
+            return [self.trajectory(status, reward)]
+        return [self.trajectory(status, reward, (k, len(segments), seg)) for k, seg in enumerate(segments)]
+
+    def trajectory(self, status: Status, reward: float | None,
+                   segment: tuple[int, int, Transcript] | None = None) -> Trajectory:
         """The record of this sample; infrastructure statuses never carry a reward.
 
         ``Trajectory.attempt`` is the task's lease attempt (the spool deduplicates by task id and
         (writer, attempt), so every sample of a group carries the same one); the sample's own retry
         count is ``metrics["sample_attempt"]`` (it is also an input of the sampling seed).
         """
-        tr = self.transcript
+        k, n, tr = segment if segment is not None else (0, 1, self.transcript)
+        suffix = f":seg{k}" if k < n - 1 else ""
         out = self.output
         if not status.trainable:
             reward = None
         return Trajectory(
-            trajectory_id=f"{self.group.task_id}:s{self.sample_index}:a{self.attempt}",
+            trajectory_id=f"{self.group.task_id}:s{self.sample_index}:a{self.attempt}{suffix}",
             task_id=self.group.task_id, group_id=self.group.group_id, sample_index=self.sample_index,
             token_ids=np.asarray(tr.token_ids, np.int32), loss_mask=np.asarray(tr.loss_mask, np.int8),
             logprobs=np.asarray(tr.logprobs, np.float32), policy_versions=np.asarray(tr.policy_versions, np.int32), logprob_kind=out.logprob_kind if out else "unknown",
             reward=reward, status=status, timings=dict(self.timings),
-            metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt},
+            metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt,
+                     **({} if n == 1 else {"segment": k, "segments_per_episode": n})},
             sampling={"seed": self.seed, "sample_attempt": self.attempt, **(out.sampling if out else {})},
             attempt=int(getattr(self.group.lease, "attempt", 0)), prompt_len=tr.prompt_len,
             task_version=TaskRecord.from_json(self.group.task_dict).task_version,

@@ -180,18 +180,22 @@ class NodeBase:
 
     def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
         self.streak.outcome(status)
-        traj = ep.trajectory(status, reward)
+        *earlier, traj = ep.trajectories(status, reward)
         self.metrics.episode({"task_id": traj.task_id, "sample_index": traj.sample_index, "attempt": ep.attempt,
                               "status": traj.status.value, "reward": traj.reward, "timings": traj.timings,
-                              "tokens": traj.num_tokens, "generated_tokens": traj.num_generated,
+                              "tokens": sum(t.num_tokens for t in (*earlier, traj)),
+                              "generated_tokens": sum(t.num_generated for t in (*earlier, traj)),
                               "eval_shared": bool(ep.metrics.get("eval_shared", False)),
-                              "error": ep.metrics.get("error", "")})
+                              "error": ep.metrics.get("error", ""),
+                              **({key: traj.metrics[key] for key in ("segments_per_episode", "reprefill_tokens")
+                                  if key in traj.metrics})})
         with self.lock:
             self.live.discard(ep)
             group = ep.group
             if group.closed:
                 return
             group.results[ep.sample_index] = traj
+            group.segments[ep.sample_index] = earlier
             done = group.complete
         if done:
             self._write_group(group)
@@ -205,7 +209,7 @@ class NodeBase:
                 return
             group.closed = True
             assert self.sink is not None, "groups are written only while the node runs"
-            if not self.sink.write(group, [group.results[i] for i in range(group.size)]):
+            if not self.sink.write(group, group.rows()):
                 self.metrics.failure("write_error")  # e.g. disk full: the task goes back, the node goes on
                 self._release_locked(group)
                 return

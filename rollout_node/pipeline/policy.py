@@ -119,6 +119,9 @@ class EpisodeOutput:
     metrics: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     logprob_kind: str = "unknown"  # of the behaviour logprobs (hpc.trajectory.TRAINABLE_LOGPROB_KIND)
+    # earlier segments of the episode, each with its own prompt (a harness that rewrote its history; the last
+    # segment is ``ctx.transcript``): each becomes a trajectory of the same sample (Episode.trajectories)
+    segments: list[Transcript] = field(default_factory=list)
 
 
 class Policy(Protocol):

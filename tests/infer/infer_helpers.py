@@ -8,6 +8,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,40 @@ def http(url: str, path: str, body: Any = None, *, token: str | None = None, met
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+def first_train_step(tmp: Path, name: str, sample: Callable[[str, Path], list[list[Any]]]) -> dict[str, Any]:
+    """The on-policy measure: a fresh run on the tiny model, the CPU engine serving it (version 0),
+    ``sample(url, model_dir)`` drawing 4 groups of 2 trajectories, one DeepSpeed trainer step on
+    them; that step's ``train_step`` metrics (``ratio_dev`` = |pi/mu - 1|)."""
+    from trainer.helpers import run_config, single_process_env, write_groups
+
+    from hpc.metrics import read_metrics
+    from hpc.rundir import create_run
+    from train_node.infer.servers import CpuServer, ServerSpec
+    from train_node.infer.tiny import build_tiny_model
+    from train_node.trainer.loop import Options, Trainer
+
+    cfg = run_config(trainer={"total_steps": 1, "checkpoint_every": 5, "lr": 1e-3},
+                     algorithm={"group_size": 2, "groups_per_step": 4, "max_staleness": 0})
+    paths = create_run(tmp / name, cfg, prepare=lambda p, _c: build_tiny_model(p.model, seed=0))
+    (tmp / f"{name}.secret").write_text(SECRET + "\n")
+    spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
+                      secret_file=tmp / f"{name}.secret", log_path=tmp / f"{name}.log", threads=1, max_batch=8,
+                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=[])
+    server = CpuServer(spec)
+    server.start(paths.model, 0)
+    try:
+        wait_healthy(server, 180.0)
+        assert server.url is not None
+        write_groups(paths.root, sample(server.url, paths.model))
+    finally:
+        server.stop()
+    trainer = Trainer(paths.root, cfg, Options(), dist=single_process_env())
+    trainer.setup()
+    assert trainer.run() == 0
+    (step,) = list(read_metrics(paths.root, "train_step"))
+    return dict(step)
 
 
 def wait_healthy(handle: Any, timeout_s: float) -> None:

@@ -11,17 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from infer_helpers import SECRET, wait_healthy
-from trainer.helpers import run_config, single_process_env, write_groups
+from infer_helpers import first_train_step
 
-from hpc.metrics import read_metrics
-from hpc.rundir import create_run
 from hpc.trajectory import Trajectory
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.policy import SamplingParams
-from train_node.infer.servers import CpuServer, ServerSpec
-from train_node.infer.tiny import build_tiny_model
-from train_node.trainer.loop import Options, Trainer
 
 pytestmark = pytest.mark.deepspeed
 T = 0.7
@@ -51,26 +45,7 @@ def _samples(url: str, recorded_temperature: float) -> list[list[Trajectory]]:
 
 
 def _first_step(tmp: Path, name: str, recorded_temperature: float) -> dict:
-    cfg = run_config(trainer={"total_steps": 1, "checkpoint_every": 5, "lr": 1e-3},
-                     algorithm={"group_size": 2, "groups_per_step": 4, "max_staleness": 0})
-    paths = create_run(tmp / name, cfg, prepare=lambda p, _c: build_tiny_model(p.model, seed=0))
-    (tmp / f"{name}.secret").write_text(SECRET + "\n")
-    spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
-                      secret_file=tmp / f"{name}.secret", log_path=tmp / f"{name}.log", threads=1, max_batch=8,
-                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=[])
-    server = CpuServer(spec)
-    server.start(paths.model, 0)
-    try:
-        wait_healthy(server, 180.0)
-        assert server.url is not None
-        write_groups(paths.root, _samples(server.url, recorded_temperature))
-    finally:
-        server.stop()
-    trainer = Trainer(paths.root, cfg, Options(), dist=single_process_env())
-    trainer.setup()
-    assert trainer.run() == 0
-    (step,) = list(read_metrics(paths.root, "train_step"))
-    return step
+    return first_train_step(tmp, name, lambda url, _model: _samples(url, recorded_temperature))
 
 
 def test_on_policy_ratio_is_one_at_temperature_07(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ VERBS = {
     "demo": {}, "warm-start": {}, "report": {},
     "config": {"default": {}}, "validate": {}, "init": {}, "spool": {"stats": {}, "inspect": {}},
     "render": {}, "launch": {}, "status": {}, "cancel": {}, "resume": {}, "scale": {},
-    "rollout-node": {}, "rollout-server": {}, "sandbox": {"exec": {}, "shell": {}}, "tasks": {"check": {}},
+    "rollout-node": {}, "rollout-server": {}, "sandbox": {"exec": {}, "shell": {}},
+    "harness": {"install": {}, "check": {}}, "tasks": {"check": {}},
     "train-node": {}, "checkpoints": {}, "serve": {}, "tiny-model": {}, "infer-node": {},
     "model": {"from-gguf": {}},
 }

@@ -28,6 +28,8 @@ def _leaf_types(tp: Any) -> set[Any]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) is list:
         return {("list", a) for a in args}
+    if typing.get_origin(tp) is dict:
+        return {("dict", args[1])}
     return set(args) if args and typing.get_origin(tp) is not typing.Literal else {tp}
 
 
@@ -35,13 +37,14 @@ def numeric_keys() -> list[str]:
     return [k for k, _f, tp in iter_fields(RunConfig) if _leaf_types(tp) & {int, float}]
 
 
-def string_keys() -> list[tuple[str, bool]]:
-    """(key, is_list) for every free-text string key."""
+def string_keys() -> list[tuple[str, str]]:
+    """(key, shape) for every free-text string key: shape "str", "list" or "dict" (of strings)."""
     out = []
     for key, _f, tp in iter_fields(RunConfig):
         kinds = _leaf_types(tp)
-        if str in kinds or ("list", str) in kinds:
-            out.append((key, ("list", str) in kinds))
+        for shape, kind in (("str", str), ("list", ("list", str)), ("dict", ("dict", str))):
+            if kind in kinds:
+                out.append((key, shape))
     return out
 
 
@@ -53,8 +56,8 @@ def _problems(overrides: list[str]) -> list[str]:
 
 def test_the_key_lists_cover_the_schema() -> None:
     assert {"spool.lease_s", "sandbox.mem_gb", "trainer.lr", "slurm.train.mem_gb"} <= set(numeric_keys())
-    assert {("slurm.job_name", False), ("slurm.train.setup", True), ("slurm.rollout.partition", False),
-            ("sandbox.scratch_dir", False)} <= set(string_keys())
+    assert {("slurm.job_name", "str"), ("slurm.train.setup", "list"), ("slurm.rollout.partition", "str"),
+            ("sandbox.scratch_dir", "str"), ("rollout.harness.env", "dict")} <= set(string_keys())
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e999"])
@@ -65,9 +68,10 @@ def test_non_finite_numbers_are_refused_in_every_numeric_key(value: str) -> None
 
 
 def test_control_characters_are_refused_in_every_string_key() -> None:
-    for key, is_list in string_keys():
+    for key, shape in string_keys():
         for bad in (INJECT, "a\rb", "a\x1b[2Jb", "a\x00b"):
-            value = repr([bad]) if is_list else repr(bad)  # a YAML flow value with the escape
+            # a YAML flow value with the escape
+            value = {"str": repr(bad), "list": repr([bad]), "dict": repr({"K": bad})}[shape]
             problems = _problems([f"{key}={value.replace(chr(39), chr(34))}"])
             assert any(p.startswith(key) and "control character" in p for p in problems), (key, bad, problems)
     assert load_config(None, [*CPU, "slurm.train.setup=['module load\\tcuda']"])  # a tab is fine

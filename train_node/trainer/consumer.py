@@ -13,6 +13,9 @@ Guarantees (exactly-once accounting):
   will train the batch. Per-sample drops remain only for what the episode itself failed at.
 - ``algorithm.truncated`` / ``algorithm.timeout`` = ``mask``: such samples keep their reward in the
   baseline but contribute no loss tokens.
+- A sample with several rows (a harness episode's segments share its ``sample_index``) counts once:
+  group completeness, the singleton rule and the advantage baseline see its one reward, and each
+  of its rows is trained with that sample's advantage.
 - ``algorithm.advantage_norm``: advantages are computed when the batch is made, each group's own
   baseline (``group_*``) or one over every sample of the batch (``batch_*``); rank 0 makes the whole
   step's batch, so every rank trains with the same baseline.
@@ -29,7 +32,7 @@ Guarantees (exactly-once accounting):
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,8 +103,9 @@ class _Staged:
     """A group that passed the filters, waiting for a batch."""
 
     members: list[tuple[str, Trajectory]]
-    rewards: list[float]  # the advantages are computed when the batch is made (a 'batch_*' baseline spans it)
+    rewards: list[float]  # per sample; the advantages are computed when the batch is made (a 'batch_*' baseline spans it)
     staleness: list[int]
+    sample_of: list[int]  # member -> its sample's position in ``rewards`` (a sample's segments share one)
 
 
 @dataclass
@@ -126,7 +130,8 @@ class Consumer:
         self.groups: OrderedDict[tuple[str, str], list[tuple[str, Trajectory]]] = OrderedDict()
         self.inflight: set[str] = set()
         self.staged: list[_Staged] = []
-        self.group_done: Counter[tuple[str, str]] = Counter()
+        # sample indices of a group decided before a restart (a sample may have several rows: segments)
+        self.group_done: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
         self.ledger: list[dict[str, Any]] = []  # outcomes since the last checkpoint
         self.covered: list[str] = []  # shards fully resolved since the last checkpoint
         self.drops: Counter[str] = Counter()
@@ -153,7 +158,7 @@ class Consumer:
             entry.total += 1
             key = (traj.task_id, traj.group_id)
             if traj.trajectory_id in already:
-                self.group_done[key] += 1  # decided before a restart; still counts towards completeness
+                self.group_done[key].add(traj.sample_index)  # decided before a restart; still counts
                 continue
             self.groups.setdefault(key, []).append((sid, traj))
         self._maybe_cover(sid)
@@ -199,7 +204,8 @@ class Consumer:
         return self._make_batch(picked, trainer_version)
 
     def _complete(self, key: tuple[str, str]) -> bool:
-        return len(self.groups[key]) + self.group_done[key] >= self.acfg.group_size
+        """``group_size`` samples arrived; a sample's segments (a harness episode) count once."""
+        return len({t.sample_index for _, t in self.groups[key]} | self.group_done[key]) >= self.acfg.group_size
 
     def _filter_group(self, members: list[tuple[str, Trajectory]], version: int) -> _Staged | None:
         """Drop what must not be trained; returns the kept members with their rewards, or None."""
@@ -218,10 +224,12 @@ class Consumer:
         if reason:
             self._drop_group(kept, reason, task_id)
             return None
-        if len(kept) < 2 and self.acfg.group_size > 1:
+        samples = sorted({t.sample_index for _, t in kept})  # a sample's segments share its reward
+        if len(samples) < 2 and self.acfg.group_size > 1:
             self._drop_group(kept, "singleton", task_id)
             return None
-        rewards = [float(t.reward or 0.0) for _, t in kept]
+        reward_of = {t.sample_index: float(t.reward or 0.0) for _, t in kept}
+        rewards = [reward_of[i] for i in samples]
         if self.acfg.drop_zero_variance and max(rewards) == min(rewards):
             self._drop_group(kept, "zero_variance", task_id)
             return None
@@ -229,7 +237,8 @@ class Consumer:
             self._drop_group(kept, "all_masked", task_id)
             return None
         self.inflight.add(task_id)
-        return _Staged(kept, rewards, [t.staleness(version) for _, t in kept])
+        return _Staged(kept, rewards, [t.staleness(version) for _, t in kept],
+                       [samples.index(t.sample_index) for _, t in kept])
 
     def _group_drop_reason(self, kept: list[Trajectory], version: int) -> str:
         """Reasons that drop the whole group (see the module docstring)."""
@@ -270,7 +279,8 @@ class Consumer:
         for st, group_adv in zip(picked, advantages, strict=True):
             batch.groups.append([t for _, t in st.members])
             batch.staleness.extend(st.staleness)
-            for (sid, t), a, stale in zip(st.members, group_adv, st.staleness, strict=True):
+            for (sid, t), k, stale in zip(st.members, st.sample_of, st.staleness, strict=True):
+                a = group_adv[k]
                 temp = float(t.sampling["temperature"])  # training_refusal guarantees a finite T > 0
                 mask = np.zeros_like(t.loss_mask) if self._masked(t) else t.loss_mask
                 batch.samples.append(Sample(t.trajectory_id, t.token_ids, mask, t.logprobs, a, temp, stale))

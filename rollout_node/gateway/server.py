@@ -1,0 +1,206 @@
+"""The gateway: one aiohttp server per rollout node on a Unix socket, one session per episode.
+
+Guarantees:
+- :meth:`Gateway.start` binds the socket (mode 0600; a stale socket file at the path is replaced) and
+  serves from an asyncio loop in a thread of its own, so the synchronous rollout node just calls
+  :meth:`Gateway.open_session` and :meth:`GatewaySession.close` from its episode threads.
+- Routes: ``POST /v1/chat/completions`` (JSON, or ``stream: true`` server-sent events:
+  ``chat.completion.chunk`` objects then ``data: [DONE]``; the stream is written once the backend
+  answered, the backend call itself is not streamed) and ``GET /v1/models`` (the one model name).
+- Every request needs ``Authorization: Bearer <session key>`` of an open session; any other key, or
+  the key of a closed session, gets 401 (OpenAI's error body). Keys are 256-bit random secrets.
+- A call blocks a worker thread (``max_workers`` of them), never the event loop; bodies are limited
+  to ``max_request_mb`` (413 above).
+- :meth:`Gateway.close` refuses new connections, stops the loop, joins the thread and removes the
+  socket file; open sessions are closed with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+
+from rollout_node.agent.policy import Policy
+from rollout_node.agent.template import ChatTemplate
+from rollout_node.gateway.session import BackendFailed, GatewaySampling, GatewaySession, SessionClosed
+from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, error_body, models_body, parse_request, sse
+
+log = logging.getLogger("spoolrl.gateway")
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, NUL included
+UNAUTHORIZED = "invalid or expired session key: each episode's harness must use its own OPENAI_API_KEY"
+
+
+def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, kind=kind, code=code), status=status)
+
+
+class Gateway:
+    """One per rollout node (and per ``rollout-server``): sessions keyed by their secret."""
+
+    def __init__(self, socket_path: str | Path, *, model: str = "policy", max_workers: int = 64,
+                 max_request_mb: float = 64.0, start_timeout_s: float = 30.0) -> None:
+        self.socket_path = Path(socket_path)
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"gateway socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes "
+                             "(a Unix socket limit); use a shorter node-local scratch directory")
+        self.model, self.max_request_mb, self.start_timeout_s = model, max_request_mb, start_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gateway-call")
+        self._sessions: dict[str, GatewaySession] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+
+    # -- lifecycle (called from the rollout node's threads) ------------------------------------------------
+
+    def start(self) -> Gateway:
+        """Bind the socket and serve; returns once requests are accepted (raises if binding failed).
+        Idempotent while serving (``with Gateway(...).start() as gw`` starts it once)."""
+        if self._loop is not None:
+            return self
+        if self._thread is not None:
+            raise RuntimeError("a Gateway serves once: make a new one after close()")
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._serve, name="spoolrl-gateway", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(self.start_timeout_s):
+            raise RuntimeError(f"gateway on {self.socket_path} did not start within {self.start_timeout_s} s")
+        if self._failure is not None:
+            raise RuntimeError(f"gateway on {self.socket_path} failed to start: {self._failure}") from self._failure
+        return self
+
+    def open_session(self, episode_key: str, client_session: Policy, template: ChatTemplate,
+                     sampling: GatewaySampling) -> GatewaySession:
+        """A new session for one episode: ``client_session`` is its backend (e.g. the inference client's
+        :class:`~rollout_node.agent.client.EpisodeSession`), ``template`` the model's chat pieces."""
+        if self._loop is None:
+            raise RuntimeError("Gateway.open_session before start()")
+        key = "sk-spoolrl-" + secrets.token_urlsafe(32)
+        session = GatewaySession(key=key, episode_key=episode_key, socket_path=self.socket_path, model=self.model,
+                                 backend=client_session, template=template, sampling=sampling,
+                                 on_close=self._forget)
+        with self._lock:
+            self._sessions[key] = session
+        return session
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._sessions.pop(key, None)
+
+    def session_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def close(self) -> None:
+        """Stop serving (idempotent); sessions still open are closed."""
+        with self._lock:
+            open_sessions = list(self._sessions.values())
+        for session in open_sessions:
+            session.close()
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._loop = None
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the server thread ---------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main(loop))
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._ready.is_set():
+                self._failure = exc
+            else:
+                log.exception("gateway on %s stopped", self.socket_path)
+        finally:
+            self._ready.set()
+            loop.close()
+
+    async def _main(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._stop = asyncio.Event()
+        app = web.Application(client_max_size=int(self.max_request_mb * 2**20))
+        app.add_routes([web.post("/v1/chat/completions", self._chat), web.get("/v1/models", self._models)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            if self.socket_path.is_socket():
+                self.socket_path.unlink()
+            site = web.UnixSite(runner, str(self.socket_path))
+            await site.start()
+            os.chmod(self.socket_path, 0o600)
+            self._loop = loop
+            self._ready.set()
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+            self.socket_path.unlink(missing_ok=True)
+
+    def _session_of(self, request: web.Request) -> GatewaySession | None:
+        header = request.headers.get("Authorization", "")
+        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        with self._lock:
+            session = self._sessions.get(key)
+        return session if session is not None and not session.closed else None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if self._session_of(request) is None:
+            return _error(401, UNAUTHORIZED, "invalid_request_error", "invalid_api_key")
+        return web.json_response(models_body(self.model))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        session = self._session_of(request)
+        if session is None:
+            return _error(401, UNAUTHORIZED, "invalid_request_error", "invalid_api_key")
+        llm_before = session.llm_s
+        try:
+            chat = parse_request(await request.read(), session.sampling.temperature)
+            answer = await asyncio.get_running_loop().run_in_executor(self._executor, session.chat, chat)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body above {self.max_request_mb:g} MiB", "invalid_request_error")
+        except WireError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        except SessionClosed:
+            return _error(401, UNAUTHORIZED, "invalid_request_error", "invalid_api_key")
+        except BackendFailed as exc:
+            return _error(502, exc.message, "server_error", "backend_failed")
+        except Exception as exc:  # a bug in the gateway itself: infrastructure, recorded on the session
+            log.exception("gateway call failed")
+            session.note_error(repr(exc))
+            return _error(500, f"gateway error: {exc!r}", "server_error")
+        response = await self._respond(request, chat, answer)
+        session.add_gateway_time(time.perf_counter() - t0 - (session.llm_s - llm_before))
+        return response
+
+    @staticmethod
+    async def _respond(request: web.Request, chat: ChatRequest, answer: ChatAnswer) -> web.StreamResponse:
+        if not chat.stream:
+            return web.Response(body=json.dumps(answer.body(), ensure_ascii=False).encode(),
+                                content_type="application/json")
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        await stream.write(sse(answer.chunks(chat.include_usage)))
+        await stream.write_eof()
+        return stream

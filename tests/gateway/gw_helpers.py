@@ -1,0 +1,69 @@
+"""Helpers of the gateway tests: a recording stand-in backend on loopback, and the OpenAI SDK over the socket.
+
+The backend is :class:`rollout_node.service.standin.StandIn` (a stand-in for an LLM, which cannot run
+here at test speed): the real ``/v1/completions`` token-ID protocol, fixed reply IDs, every prompt and
+reply recorded. The gateway reaches it through the real :class:`InferenceClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+from aiohttp import web
+
+from rollout_node.gateway import GatewaySession
+from rollout_node.service.standin import VERSION, StandIn
+
+LOGPROB = -0.5  # what the stand-in reports for every token
+STANDIN_VERSION = VERSION
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "run a command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+class RecordingBackend:
+    """A StandIn on 127.0.0.1 in a thread of its own; ``records()`` are its (prompt, token_ids) pairs."""
+
+    def __init__(self, record: Path, reply: Sequence[int], latency_s: float = 0.0) -> None:
+        self.record = record
+        self.standin = StandIn(list(reply), latency_s, record, max_model_len=1 << 16)
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(self.standin.app(), access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def reply(self, ids: Sequence[int]) -> None:
+        """What every completion returns from now on (its first ``max_tokens`` IDs)."""
+        self.standin.reply_ids = list(ids)
+
+    def records(self) -> list[dict[str, list[int]]]:
+        return [json.loads(line) for line in self.record.read_text().splitlines()] if self.record.exists() else []
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+
+def sdk(session: GatewaySession, key: str | None = None) -> openai.OpenAI:
+    """The official OpenAI client, over the gateway's Unix socket (the production path)."""
+    transport = httpx2.HTTPTransport(uds=str(session.socket_path))
+    return openai.OpenAI(api_key=key or session.key, base_url="http://gateway/v1", max_retries=0, timeout=120.0,
+                         http_client=httpx2.Client(transport=transport))
+
+
+def as_history(message: Any) -> dict[str, Any]:
+    """An SDK response message as the harness sends it back (what LiteLLM / the SDK's users do)."""
+    return dict(message.model_dump(exclude_none=True))

@@ -1,0 +1,60 @@
+"""``spoolrl harness install`` / ``harness check`` on a local directory (the stand-in harness), and the
+config checks of ``rollout.harness.*`` (``spoolrl validate``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hpc.config import load_config
+from hpc.errors import ConfigError
+from rollout_node.pipeline.harness import HARNESS_INSIDE
+from tests.harness.conftest import STANDIN_SRC, spoolrl
+
+
+def test_install_a_local_directory_then_check_it(tmp_path: Path) -> None:
+    prefix = tmp_path / "standin"
+    before = sorted(p.relative_to(STANDIN_SRC) for p in STANDIN_SRC.rglob("*"))
+    done = spoolrl("harness", "install", str(STANDIN_SRC), "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.relative_to(STANDIN_SRC) for p in STANDIN_SRC.rglob("*")) == before, "the source was left as it was"
+    manifest = json.loads(done.stdout)
+    assert manifest["python"] == "3.11" and "standin-harness" in manifest["console_scripts"]
+    assert any(d.startswith("spoolrl-standin-harness==0.1") for d in manifest["distributions"])
+    # made by the image's python, for the mount point every sandbox gives it
+    assert (prefix / "bin" / "standin-harness").read_text().startswith(f"#!{HARNESS_INSIDE}/bin/python")
+    assert os.readlink(prefix / "bin" / "python3") == "/usr/bin/python3"  # the image's interpreter
+    again = spoolrl("harness", "install", str(STANDIN_SRC), "--prefix", str(prefix))
+    assert again.returncode != 0 and "already exists" in again.stderr
+    check = spoolrl("harness", "check", str(prefix), "--command", "standin-harness")
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["ok   install", "ok   scripts", "ok   gateway", "ok   episode"]
+    assert "working tree changed" in lines[3] and "no network beyond it" in lines[2]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ([], "rollout.harness.command: required with policy: harness"),
+    (["rollout.harness.command=x"], "rollout.harness.prefix: required with policy: harness"),
+    (["rollout.harness.command=x", "rollout.harness.prefix=rel/dir"], "rollout.harness.prefix: 'rel/dir' is not absolute"),
+    (["rollout.harness.command=x", "rollout.harness.prefix=/a:b"], "rollout.harness.prefix: '/a:b' contains ','"),
+    (["rollout.harness.command=x", "rollout.harness.prefix=/p", "rollout.harness.env={OPENAI_API_KEY: k}"],
+     "rollout.harness.env: OPENAI_API_KEY is set by spoolrl"),
+    (["rollout.harness.command=x", "rollout.harness.prefix=/p", "sandbox.runtime=local", "sandbox.allow_local=true"],
+     "rollout.policy: harness needs an isolated sandbox"),
+])
+def test_config_checks_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.policy=harness", *overrides])
+    assert message in str(err.value)
+
+
+def test_validate_refuses_a_prefix_that_is_not_an_install(tmp_path: Path, standin_prefix: Path) -> None:
+    base = ["rollout.policy=harness", "rollout.harness.command=standin-harness"]
+    bad = spoolrl("validate", *base, f"rollout.harness.prefix={tmp_path}")
+    assert bad.returncode == 2 and f"rollout.harness.prefix: {tmp_path} holds no harness install" in bad.stderr
+    good = spoolrl("validate", *base, f"rollout.harness.prefix={standin_prefix}")
+    assert good.returncode == 0, good.stderr
