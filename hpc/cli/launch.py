@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpc.cli.util import add_config_args, add_run_arg, print_json, warn_unchecked_model
 from hpc.errors import RunDirError, UsageError
+from hpc.paths import RunPaths
 
 if tp.TYPE_CHECKING:
     from hpc.config import RunConfig
@@ -69,6 +70,10 @@ def _render(args: argparse.Namespace) -> int:
             target = out if len(jobs) == 1 else out.with_name(f"{out.stem}-{job.name}{out.suffix}")
             target.write_text(job.text)
             print(target)
+    logs = RunPaths(run_dir).logs
+    if not logs.is_dir():
+        logs.mkdir(parents=True)  # sbatch opens the job's --output before the script runs; Slurm makes no dirs
+        print(f"note: created {logs}/ for the job's Slurm output (#SBATCH --output)", file=sys.stderr)
     if not (run_dir / "run.yaml").exists():
         print(f"note: {run_dir} holds no run yet; the job creates it from the config embedded in the script, "
               f"or create it now with: {init_hint(args, run_dir)}", file=sys.stderr)
