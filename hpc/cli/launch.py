@@ -173,8 +173,9 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hpc.status import format_status, run_status
+    from hpc.status import check_interval, format_status, run_status
 
+    check_interval(args.interval_s)
     if not (Path(args.run) / "run.yaml").exists():
         raise RunDirError(f"{args.run} is not a spoolrl run directory (no run.yaml)")
     if not args.json and not args.once and sys.stdout.isatty():
@@ -200,7 +201,8 @@ SERVICE_HELP = ("only the rollout-only service job (slurm.rollout nodes): spoolr
 def register(sub: tp.Any) -> None:
     p = sub.add_parser("render", help="write the sbatch script(s) of a run",
                        description="Render the heterogeneous batch script (or one per role with "
-                       "slurm.mode: separate) from run.yaml. Pure: touches nothing but -o.")
+                       "slurm.mode: separate) from run.yaml. Writes -o (else stdout) and creates RUN/logs/, where the "
+                       "script's #SBATCH --output points (Slurm creates no directory).")
     add_config_args(p)
     p.add_argument("--run", metavar="RUN", help="run directory (default ./runs/<run.name>); may also be "
                    "given as a bare positional")
@@ -222,7 +224,8 @@ def register(sub: tp.Any) -> None:
     add_run_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
     p.add_argument("--once", action="store_true", help="print once even on a terminal (default there: live view)")
-    p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view")
+    p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view "
+                   "(at least 0.5)")
     p.set_defaults(func=_status)
 
     p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)")
