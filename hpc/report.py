@@ -172,6 +172,7 @@ PLOTS = {  # name -> (title, x label, y label)
 }
 
 
+STYLES, MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
 NO_MATPLOTLIB = ("matplotlib is not installed: wrote the HTML page and report.json without plots "
                  "(for plots: pip install 'spoolrl[report]')")
 
@@ -188,14 +189,15 @@ def _plot(name: str, data: Any, out: Path) -> None:
     if name == "failures_by_kind":
         ax.bar(list(data), list(data.values()), color="tab:red")
     elif name == "queue_depth":  # integer counts that change in steps: step lines, one style per stage
-        for (label, xy), style in zip(sorted(data.items()), ("-", "--", ":", "-."), strict=False):
+        for (label, xy), style in zip(sorted(data.items()), STYLES, strict=False):
             ax.step(xy["x"], xy["y"], where="post", linestyle=style, linewidth=1.6, label=label)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8, ncol=max(len(data), 1), loc="upper left", title="stage", title_fontsize=8)
-    else:
-        for label, xy in data.items():
-            ax.plot(xy["x"], xy["y"], marker="o", markersize=3, label=label)
+        top = max((max(xy["y"]) for xy in data.values()), default=1.0)
+        ax.set_ylim(0, top * 1.35 + 1)  # headroom: the legend sits above the data, not on it
+        ax.legend(fontsize=8, ncol=max(len(data), 1), loc="upper center", title="stage", title_fontsize=8)
+    else:  # lines that coincide stay distinguishable: one line style and marker each
+        for (label, xy), style, marker in zip(data.items(), STYLES * 3, MARKERS * 3, strict=False):
+            ax.plot(xy["x"], xy["y"], linestyle=style, marker=marker, markersize=3, label=label)
         ax.legend(fontsize=8)
     if name == "lr":
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
