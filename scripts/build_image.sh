@@ -77,7 +77,7 @@ mmdebstrap --mode="$MODE" --variant=minbase --include="$PACKAGES" bookworm - "$M
 mkdir -p "$TMP/work"
 versions=$(dpkg-query --admindir="$TMP/var/lib/dpkg" -W -f='${Package} ${Version}; ' python3 git)
 chmod -R a+rX "$TMP"
-echo "bookworm minbase; $versions built $(date -u +%FT%TZ) by $(id -un) ($MODE mode)" > "$TMP/.spoolrl-image"
+echo "bookworm minbase; ${versions}built $(date -u +%FT%TZ) by $(id -un) ($MODE mode)" > "$TMP/.spoolrl-image"
 rm -rf "$DEST"
 mv "$TMP" "$DEST"
 trap - EXIT
