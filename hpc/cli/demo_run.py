@@ -181,7 +181,7 @@ def progress(paths: RunPaths) -> dict[str, Any]:
 def _fmt(p: dict[str, Any], total: int, elapsed: float) -> str:
     reward = "-" if p["reward_mean"] is None else f"{p['reward_mean']:.2f}"
     loss = "-" if p["loss"] is None else f"{p['loss']:.4f}"
-    return (f"[{elapsed:5.0f}s] step {p['step']}/{total}  loss {loss}  reward {reward}  "
+    return (f"[{elapsed:5.0f}s] step {p['step']}/{total}  loss {loss}  trained batch reward {reward}  "
             f"policy v{p['policy_version'] if p['policy_version'] is not None else '-'}  "
             f"episodes {p['episodes']}  stages {json.dumps(p['stages'], separators=(',', ':'))}")
 

@@ -23,7 +23,7 @@ from tests.unprivileged import CI_USER, interpreter_traversable
 
 pytestmark = [pytest.mark.sandbox]
 REPO = Path(__file__).resolve().parents[2]
-PYTHON = os.path.realpath(sys.executable)  # the link's target: what make_traversable opened up
+PYTHON = sys.executable  # the venv (its interpreter made traversable by the fixture)
 
 
 @pytest.fixture
