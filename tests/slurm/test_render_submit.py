@@ -44,7 +44,8 @@ def test_rendered_script_submitted_into_a_new_run_directory(run_dir: Path, fake_
             return log.exists() and f"job {job_id} (restart 0)" in log.read_text()
 
         wait_for(f"the job's log {log}", started, 90, poke_scheduler=True)
-        assert _state(job_id) in ("RUNNING", "COMPLETED"), (_state(job_id), log.read_text())
+        # sacct may still say PENDING for a while after the job started (slurmdbd lags): wait for it
+        wait_for("sacct shows the job RUNNING or COMPLETED", lambda: _state(job_id) in ("RUNNING", "COMPLETED"), 60)
         assert (run_dir / "fake" / "init.log").exists()  # the job ran its init step on RUN
         assert not log.read_text().count("nothing was started"), log.read_text()
     finally:
