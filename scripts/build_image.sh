@@ -19,7 +19,7 @@
 # The result is world-readable (a+rX) so other users can run sandboxes on it.
 # Needs: mmdebstrap and uidmap (scripts/system_packages.sh demo installs them, as root), unprivileged
 # user namespaces for non-root, network to the Debian mirror of the machine's apt sources (override
-# with APT_MIRROR). Takes ~35 s here (as root or not); ~270 MB.
+# with APT_MIRROR). ~290 MB; 32 s here on a quiet machine (unshare mode), minutes when the mirror is slow.
 set -euo pipefail
 FORCE=0
 [ "${1:-}" = "--force" ] && { FORCE=1; shift; }
