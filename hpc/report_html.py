@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.decode import Message, outcome_line
+from hpc.report_summary import clock, duration
 from hpc.trajectory import Trajectory
 
 CSS = """
@@ -87,10 +88,28 @@ def _first_last(steps: list[dict[str, Any]], key: str) -> str:
             f'<span class="num"><b>{_num(v1)}</b></span> at step {s1}')
 
 
+def _progress(s: dict[str, Any]) -> str:
+    target = "?" if s["total_steps"] is None else s["total_steps"]
+    state = "finished" if s["finished"] else "not finished"
+    return f'<b>{state}</b>: step <span class="num">{s["step"]}/{target}</span>'
+
+
+def _reward(s: dict[str, Any]) -> str:
+    if s["reward_first"] is None:
+        return "no trainer step yet"
+    text = (f'<span class="num">{s["reward_first"]:.2f}</span> (mean of the first {s["reward_first_steps"]} steps) '
+            f'&rarr; <b class="num">{s["reward_last"]:.2f}</b> (last {s["reward_last_steps"]}), over {_e(s["reward_of"])}')
+    if s.get("trained_batch_reward_first") is not None:
+        text += (f'; trained batch (after filters) <span class="num">{s["trained_batch_reward_first"]:.2f}</span> '
+                 f'&rarr; <span class="num">{s["trained_batch_reward_last"]:.2f}</span>')
+    return text
+
+
 def summary_rows(run: Path, model: str, records: list[dict[str, Any]], report: dict[str, Any]
                  ) -> list[tuple[str, str]]:
     """(label, HTML value) rows of the summary table."""
     steps = sorted((r for r in records if r.get("kind") == "train_step"), key=lambda r: r["step"])
+    s = report["summary"]
     acct, fate = report["accounting"], report["tokens_by_fate"]
     tokens = (f'<span class="chip">generated <b class="num">{_num(fate["generated"])}</b></span>'
               f'<span class="chip">trained <b class="num">{_num(fate["trained"])}</b></span>'
@@ -101,9 +120,13 @@ def summary_rows(run: Path, model: str, records: list[dict[str, Any]], report: d
     return [
         ("Run", f"<b>{_e(run.name)}</b> <code>{_e(run)}</code>"),
         ("Model", f"<code>{_e(model or 'unknown')}</code>"),
-        ("Trainer steps", f'<span class="num">{len(steps)}</span>'),
-        ("Reward (batch mean)", _first_last(steps, "reward_mean")),
-        ("Pass rate", _first_last(steps, "pass_rate")),
+        ("Progress", _progress(s)),
+        ("Wall time", f'<b class="num">{_e(duration(s["duration_s"]))}</b> from {_e(clock(s["start"]))} to '
+                      f'{_e(clock(s["end"]))} (first and last metrics record)'),
+        ("Reward", _reward(s)),
+        ("Pass rate (trained batch)", _first_last(steps, "pass_rate")),
+        *([("Non-finite steps", f'<b class="num">{_e(s["nonfinite_steps"])}</b> (skipped: nothing applied)')]
+          if s.get("nonfinite_steps") is not None else []),
         ("Episodes", f'<span class="num">{acct["episodes"]}</span> by status: {_chips(acct["episodes_by_status"])}'),
         ("Samples dropped", _chips(acct["samples_discarded_by_reason"])),
         ("Tokens by fate", tokens),
@@ -161,7 +184,7 @@ def _figures(pngs: dict[str, Path], titles: dict[str, str]) -> str:
 
 
 def page(run: Path, rows: list[tuple[str, str]], pngs: dict[str, Path], titles: dict[str, str],
-         rollouts: list[str], samples_from: str, skipped: dict[str, str]) -> str:
+         rollouts: list[str], samples_from: str, skipped: dict[str, str], *, config: str = "") -> str:
     """The whole page (see the module docstring)."""
     table = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
     skip = "".join(f"<li>{_e(titles.get(k, k))}: {_e(v)}</li>" for k, v in skipped.items())
@@ -177,5 +200,7 @@ def page(run: Path, rows: list[tuple[str, str]], pngs: dict[str, Path], titles: 
             f"<h2>Plots</h2><div class='plots'>{_figures(pngs, titles)}</div>"
             f"{'<h2>Not plotted</h2><ul>' + skip + '</ul>' if skip else ''}"
             f"<h2>Sample rollouts</h2><p class='sub'>Best and worst by reward among {_e(samples_from)}.</p>"
-            f"{legend}{samples}<p class='sub'>Every plotted series and the accounting are in report.json "
+            f"{legend}{samples}<h2>Configuration</h2><details><summary>run.yaml (the frozen config)</summary>"
+            f"<pre class='body'>{_e(config)}</pre></details>"
+            f"<p class='sub'>Every plotted series and the accounting are in report.json "
             f"next to this page.</p><div id='page-status'></div><script>{TOGGLE}</script></body></html>\n")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create or update the project's virtual environment (default ./.venv) with spoolrl + train + dev extras.
+# Create or update the project's virtual environment (default ./.venv) with spoolrl + train + dev extras
+# (--no-dev, the demo path: train + report).
 # Idempotent: it reinstalls only when pyproject.toml or the constraints changed.
 # Usage: scripts/setup_env.sh [--no-dev]     env: SPOOLRL_VENV (path), PYTHON (interpreter, default python3)
 set -euo pipefail
@@ -7,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SPOOLRL_VENV:-$root/.venv}
 python=${PYTHON:-python3}
 extras="train,dev"
-[ "${1:-}" = "--no-dev" ] && extras="train"
+[ "${1:-}" = "--no-dev" ] && extras="train,report"  # the demo path: its printed next step is spoolrl report
 stamp_want=$(cat "$root/pyproject.toml" "$root/scripts/constraints-cpu.txt" | sha256sum | cut -c1-16)-$extras
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.spoolrl-stamp" 2>/dev/null)" = "$stamp_want" ]; then
   exit 0

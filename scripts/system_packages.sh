@@ -2,12 +2,14 @@
 # The Debian/Ubuntu packages each entry point needs, installed in one place (demo.sh and test.sh call this).
 #   scripts/system_packages.sh demo|test      as root: apt-get install what is missing; otherwise name it
 #   scripts/system_packages.sh --list demo|test   print the list, one package a line (tests read it)
-# The demo path: python3 -m venv (python3-venv), scripts/build_image.sh (debootstrap, over https:
-# ca-certificates), bwrap sandboxes (bubblewrap), task repositories and EVAL diffs (git). Everything else
-# it runs (bash, env, setsid, tar, chroot) is in Debian's essential set. The test path adds its tools.
+# The demo path: python3 -m venv (python3-venv), scripts/build_image.sh (mmdebstrap, and uidmap's newuidmap
+# for its unprivileged unshare mode; over https: ca-certificates), bwrap sandboxes (bubblewrap), task
+# repositories and EVAL diffs (git). Everything else it runs (bash, env, setsid, tar, dpkg-query) is in
+# Debian's essential set. Only this step needs root; everything after it runs as any user.
+# The test path adds its tools.
 set -euo pipefail
-DEMO_PACKAGES=(bubblewrap debootstrap git ca-certificates python3-venv)
-TEST_PACKAGES=("${DEMO_PACKAGES[@]}" shellcheck bindfs uidmap strace tmux patch procps psmisc patchelf
+DEMO_PACKAGES=(bubblewrap mmdebstrap uidmap git ca-certificates python3-venv)
+TEST_PACKAGES=("${DEMO_PACKAGES[@]}" shellcheck bindfs strace tmux patch procps psmisc patchelf
                squashfs-tools build-essential chromium)
 
 list=0

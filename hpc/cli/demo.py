@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ def _warm_start(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from hpc.report import write_report
 
-    out = write_report(Path(args.run), Path(args.output) if args.output else None)
+    missing: list[str] = []
+    out = write_report(Path(args.run), Path(args.output) if args.output else None, missing=missing)
+    for line in missing:
+        print(f"spoolrl report: {line}", file=sys.stderr)
     print(out)
     if args.tensorboard:
         from hpc.tensorboard import export_tensorboard
@@ -74,7 +78,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("report", help="plots, an HTML page and report.json for a run",
                        description="Write PNG plots, one self-contained HTML page and report.json (every plotted "
-                       "series plus accounting) into RUN/report/.")
+                       "series, the run's summary and config, accounting) into RUN/report/. Without matplotlib "
+                       "(pip install 'spoolrl[report]') the page and report.json are written without plots.")
     add_run_arg(p)
     p.add_argument("-o", "--output", metavar="FILE", help="HTML path (default RUN/report/report.html)")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard event files into DIR "

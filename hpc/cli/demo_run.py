@@ -21,7 +21,12 @@ processes a Slurm job would start. Guarantees:
   ``model.path=tiny`` gives the random model, ``tasks.source=builtin`` the bug fixes (reward stays 0:
   that shows the machinery, not learning).
 - The reward of every trainer step is printed as it lands (a line on a terminal, a JSON line
-  otherwise), and the summary compares the first steps with the last ones.
+  otherwise), and the summary compares the first steps with the last ones: the reward is the mean over
+  every finished episode of the step's tasks, the trained batch's (after filters) beside it
+  (:mod:`hpc.report_summary`, which ``status`` and the report print too).
+- Logs: each role's stdout and stderr in ``RUN/logs/<train|infer|rollout>/`` (submitit's local executor:
+  ``<pid>_0_log.out``/``.err`` beside its submission/result pickles), the roles' own log files in
+  ``RUN/logs/``; the final summary (the JSON line printed last) in ``RUN/summary.json``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, TextIO
 
 from hpc.config import RunConfig, load_config
 from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
+from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
 
@@ -70,10 +76,9 @@ DEMO_OVERRIDES = (
     # a role killed without its drain (kill -9, a closed laptop) holds claims only this long
     "spool.lease_s=30", "spool.heartbeat_interval_s=5",
 )
-ROLES = ("infer-node", "rollout-node", "train-node")
+ROLES = {"infer-node": "infer", "rollout-node": "rollout", "train-node": "train"}  # verb -> RUN/logs/<dir>
 JSON_EVERY_S = 5.0
 DEFAULT_STEPS = 40
-FIRST_STEPS, LAST_STEPS = 3, 5  # the summary's first-vs-last reward
 
 
 @dataclass
@@ -142,9 +147,11 @@ def run_role(argv: list[str]) -> int:
 def start_roles(paths: RunPaths, timeout_min: int) -> RoleJobs:
     import submitit
 
-    executor = submitit.LocalExecutor(folder=paths.slurm / "demo" / "%j")
-    executor.update_parameters(timeout_min=timeout_min)
-    jobs = {role: executor.submit(run_role, [role, str(paths.root)]) for role in ROLES}
+    jobs = {}
+    for role, log_dir in ROLES.items():  # one executor per role: its output lands in RUN/logs/<role>/
+        executor = submitit.LocalExecutor(folder=paths.logs / log_dir)
+        executor.update_parameters(timeout_min=timeout_min)
+        jobs[role] = executor.submit(run_role, [role, str(paths.root)])
     return RoleJobs(jobs)
 
 
@@ -174,42 +181,33 @@ def progress(paths: RunPaths) -> dict[str, Any]:
 def _fmt(p: dict[str, Any], total: int, elapsed: float) -> str:
     reward = "-" if p["reward_mean"] is None else f"{p['reward_mean']:.2f}"
     loss = "-" if p["loss"] is None else f"{p['loss']:.4f}"
-    return (f"[{elapsed:5.0f}s] step {p['step']}/{total}  loss {loss}  reward {reward}  "
+    return (f"[{elapsed:5.0f}s] step {p['step']}/{total}  loss {loss}  trained batch reward {reward}  "
             f"policy v{p['policy_version'] if p['policy_version'] is not None else '-'}  "
             f"episodes {p['episodes']}  stages {json.dumps(p['stages'], separators=(',', ':'))}")
 
 
-def step_rewards(paths: RunPaths) -> list[tuple[int, float]]:
-    """(step, mean reward) of every trainer step so far, in step order (the last record of a step wins)."""
+def step_rewards(paths: RunPaths) -> list[dict[str, Any]]:
+    """:func:`hpc.report_summary.step_rewards` of the run's metrics so far."""
     from hpc.metrics import read_metrics
+    from hpc.report_summary import step_rewards as rows
 
-    by_step = {int(r["step"]): float(r["reward_mean"]) for r in read_metrics(paths.root, "train_step")
-               if r.get("reward_mean") is not None}
-    return sorted(by_step.items())
-
-
-def reward_summary(rewards: list[tuple[int, float]]) -> dict[str, Any]:
-    """Mean reward of the first and of the last steps (what 'it learned' means in the summary)."""
-    values = [r for _, r in rewards]
-    if not values:
-        return {"reward_first": None, "reward_last": None}
-    first, last = values[:FIRST_STEPS], values[-LAST_STEPS:]
-    return {"reward_first": round(sum(first) / len(first), 3), "reward_last": round(sum(last) / len(last), 3),
-            "reward_first_steps": len(first), "reward_last_steps": len(last)}
+    return rows(read_metrics(paths.root))
 
 
 def _report_steps(paths: RunPaths, shown: int, out: TextIO, tty: bool, elapsed: float) -> int:
     """Print the trainer steps that landed since ``shown``; returns the last step shown."""
-    for step, reward in step_rewards(paths):
-        if step <= shown:
+    for row in step_rewards(paths):
+        if row["step"] <= shown:
             continue
+        reward = row["reward"] if row["reward"] is not None else row["trained_batch_reward"] or 0.0
         if tty:
-            out.write("\r" + f"[{elapsed:5.0f}s] step {step}: reward {reward:.2f}  " + "#" * round(reward * 40)
-                      + " " * 60 + "\n")
+            batch = row["trained_batch_reward"]
+            out.write("\r" + f"[{elapsed:5.0f}s] step {row['step']}: reward {reward:.2f} "
+                      f"({row['episodes']} episodes; trained batch {'-' if batch is None else f'{batch:.2f}'})  "
+                      + "#" * round(reward * 40) + " " * 20 + "\n")
         else:
-            out.write(json.dumps({"demo": "step", "elapsed_s": round(elapsed, 1), "step": step,
-                                  "reward_mean": reward}) + "\n")
-        shown = step
+            out.write(json.dumps({"demo": "step", "elapsed_s": round(elapsed, 1), **row}) + "\n")
+        shown = row["step"]
     return shown
 
 
@@ -279,12 +277,15 @@ def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: li
 
 
 def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -> dict[str, Any]:
+    """The demo's last JSON line, also written to ``RUN/summary.json``."""
+    from hpc.report_summary import reward_summary
     from hpc.status import run_status
 
     status = run_status(paths.root)
     return {"demo": "summary", "run": str(paths.root), "why": why, "elapsed_s": round(elapsed, 1),
             **progress(paths), **reward_summary(step_rewards(paths)), "spool": status.get("spool"),
-            "trainer": status.get("trainer"), "role_errors": errors}
+            "trainer": status.get("trainer"), "nonfinite_steps": (status.get("training") or {}).get("nonfinite_steps"),
+            "logs": str(paths.logs), "role_errors": errors}
 
 
 def _interrupt_on(*signums: int) -> dict[int, Any]:
@@ -323,14 +324,18 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
     result = summary(paths, why, time.monotonic() - t0, errors)
     if stream.isatty():
         stream.write("\n")
-    stream.write(json.dumps(result, default=str) + "\n")
+    text = json.dumps(result, default=str)
+    stream.write(text + "\n")
+    atomic_write_text(paths.root / "summary.json", text + "\n")
     ok = result["step"] >= total and not errors
     first, last = result["reward_first"], result["reward_last"]
     if first is not None:
+        batch = (f"; trained batch (after filters) {result['trained_batch_reward_first']:.2f} -> "
+                 f"{result['trained_batch_reward_last']:.2f}" if "trained_batch_reward_first" in result else "")
         print(f"spoolrl demo: reward {first:.2f} (mean of the first {result['reward_first_steps']} steps) -> "
-              f"{last:.2f} (last {result['reward_last_steps']})", file=sys.stderr)
+              f"{last:.2f} (last {result['reward_last_steps']}), over {result['reward_of']}{batch}", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
-          f"run directory {paths.root}; next: spoolrl report {paths.root}", file=sys.stderr)
+          f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {paths.root}", file=sys.stderr)
     if not ok:
-        raise SpoolrlError(f"demo did not finish ({why}); role errors: {errors or 'none'}; logs in {paths.slurm}")
+        raise SpoolrlError(f"demo did not finish ({why}); role errors: {errors or 'none'}; logs in {paths.logs}")
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpc.cli.util import add_config_args, add_run_arg, load_checked, print_json
 from hpc.errors import UsageError
+from hpc.paths import RunPaths
 
 if tp.TYPE_CHECKING:
     from hpc.cli.api import Submission
@@ -65,6 +66,10 @@ def _render(args: argparse.Namespace) -> int:
             target = out if len(jobs) == 1 else out.with_name(f"{out.stem}-{job.name}{out.suffix}")
             target.write_text(job.text)
             print(target)
+    logs = RunPaths(run_dir).logs
+    if not logs.is_dir():
+        logs.mkdir(parents=True)  # sbatch opens the job's --output before the script runs; Slurm makes no dirs
+        print(f"note: created {logs}/ for the job's Slurm output (#SBATCH --output)", file=sys.stderr)
     if not (run_dir / "run.yaml").exists():
         print(f"note: {run_dir} holds no run yet; the job creates it from the config embedded in the script, "
               f"or create it now with: {init_hint(args, run_dir)}", file=sys.stderr)
@@ -136,8 +141,9 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from hpc.cli.api import Run
-    from hpc.status import format_status
+    from hpc.status import check_interval, format_status
 
+    check_interval(args.interval_s)
     run = Run.open(args.run)
     if not args.json and not args.once and sys.stdout.isatty():
         from hpc.status import watch
@@ -162,7 +168,8 @@ SERVICE_HELP = ("only the rollout-only service job (slurm.rollout nodes): spoolr
 def register(sub: tp.Any) -> None:
     p = sub.add_parser("render", help="write the sbatch script(s) of a run",
                        description="Render the heterogeneous batch script (or one per role with "
-                       "slurm.mode: separate) from run.yaml. Pure: touches nothing but -o.")
+                       "slurm.mode: separate) from run.yaml. Writes -o (else stdout) and creates RUN/logs/, where the "
+                       "script's #SBATCH --output points (Slurm creates no directory).")
     add_config_args(p)
     p.add_argument("--run", metavar="RUN", help="run directory (default ./runs/<run.name>); may also be "
                    "given as a bare positional")
@@ -187,7 +194,8 @@ def register(sub: tp.Any) -> None:
     add_run_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in hpc/status.py)")
     p.add_argument("--once", action="store_true", help="print once even on a terminal (default there: live view)")
-    p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view")
+    p.add_argument("--interval-s", type=float, default=2.0, help="refresh interval of the live view "
+                   "(at least 0.5)")
     p.set_defaults(func=_status)
 
     p = sub.add_parser("cancel", help="cancel every active job of a run (the run directory stays)",

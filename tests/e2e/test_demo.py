@@ -80,6 +80,14 @@ def test_demo_interrupt_resume_and_report(tmp_path: Path) -> None:
     assert any(x["demo"] == "progress" for x in lines), "no JSON progress lines when not on a terminal"
     summary = lines[-1]
     assert summary["demo"] == "summary" and summary["step"] == 6 and summary["role_errors"] == {}
+    assert json.loads((run / "summary.json").read_text()) == summary
+    # per-role logs where the README says: each role's output in RUN/logs/<role>/, the trainer's included
+    for role in ("train", "infer", "rollout"):
+        assert any(f.stat().st_size > 0 for f in (run / "logs" / role).glob("*_log.err")), role
+    assert not (run / "slurm" / "demo").exists(), "no stray RUN/slurm/demo/%j directory"
+    status = subprocess.run([*SPOOLRL, "status", str(run), "--once"], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "finished: step 6/6; started " in status.stdout, status.stdout + status.stderr
+    assert "rollout rollout-" in status.stdout and ": stopped" in status.stdout and "DRAINING" not in status.stdout
     starts = [r for r in read_metrics(run, "trainer_start")]
     assert [s["step"] for s in starts][-1] >= 2, "the resumed trainer must continue from its checkpoint"
 
@@ -87,9 +95,20 @@ def test_demo_interrupt_resume_and_report(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     data = json.loads((run / "report" / "report.json").read_text())
     steps = sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])
-    reward = data["series"]["reward"]["reward mean"]
+    reward = data["series"]["reward"]["trained batch reward (after filters)"]
     assert sorted(zip(reward["x"], reward["y"], strict=True)) == sorted((float(r["step"]), float(r["reward_mean"])) for r in steps)
     assert max(reward["x"]) == 6.0
+    # the reward the demo, status and the report print: every finished episode of the step's tasks
+    by_task: dict[str, list[float]] = {}
+    for e in read_metrics(run, "episode"):
+        if isinstance(e.get("reward"), (int, float)):
+            by_task.setdefault(e["task_id"], []).append(float(e["reward"]))
+    expected = []
+    for step in sorted({r["step"]: r for r in steps}.items()):
+        values = [v for t in step[1]["task_ids"] for v in by_task.get(t, [])]
+        expected.append(sum(values) / len(values))
+    episodes = data["series"]["reward"]["reward (every finished episode of the step's tasks)"]
+    assert [y for _, y in sorted(zip(episodes["x"], episodes["y"], strict=True))] == pytest.approx(expected)
     trained = sum(int(r.get("loss_tokens") or 0) for r in read_metrics(run, "train_step"))
     assert data["accounting"]["tokens_trained"] == trained > 0
     episodes = list(read_metrics(run, "episode"))

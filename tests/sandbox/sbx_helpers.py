@@ -24,7 +24,7 @@ PYTHON = sys.executable
 def need_image() -> str:
     image = default_image()
     if not Path(image, ".spoolrl-image").exists():
-        pytest.skip(f"component unavailable: test image {image} not built (run scripts/build_image.sh as root)")
+        pytest.skip(f"component unavailable: test image {image} not built (run scripts/build_image.sh)")
     return image
 
 

@@ -64,7 +64,7 @@ def test_status_of_empty_run_dir_has_every_part(tmp_path: Path) -> None:
     assert status["trainer"] == {"policy_version": None, "checkpoint": None, "step": None}
     assert status["spool"] is None
     json.dumps(status)  # JSON-clean
-    assert "no jobs submitted" in format_status(status)
+    assert "no Slurm job recorded for this run" in format_status(status)
 
 
 def test_status_reads_pieces(tmp_path: Path) -> None:

@@ -133,13 +133,15 @@ def test_dry_run_prints_exactly_what_render_writes(tmp_path: Path, capsys: pytes
     config.write_text("slurm:\n  rollout:\n    nodes: 3\n")
     run = str(tmp_path / "my run")
     out = tmp_path / "job.sbatch"
-    assert main(["render", "--config", str(config), "-o", str(out), run, "slurm.time_limit_min=30"]) == 0
-    capsys.readouterr()
     assert main(["launch", "--config", str(config), "--dry-run", run, "slurm.time_limit_min=30"]) == 0
     printed = capsys.readouterr().out
+    assert not Path(run).exists()  # a dry run creates nothing
+    assert main(["render", "--config", str(config), "-o", str(out), run, "slurm.time_limit_min=30"]) == 0
     assert printed == out.read_text()
     assert "--time=30" in printed and "--nodes=3" in printed
-    assert not Path(run).exists()  # rendering and dry runs create nothing
+    # render creates only RUN/logs/, where the script's #SBATCH --output points (Slurm creates no directory)
+    assert [p.name for p in Path(run).iterdir()] == ["logs"] and not any(Path(run, "logs").iterdir())
+    assert f"note: created {run}/logs/ for the job's Slurm output" in capsys.readouterr().err
     assert main(["render", "--config", str(config), "--run", run, "slurm.time_limit_min=30"]) == 0
     assert capsys.readouterr().out == printed
 

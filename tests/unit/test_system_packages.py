@@ -10,10 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "system_packages.sh"
 # tool -> the Debian package that provides it
-PROVIDER = {"bwrap": "bubblewrap", "debootstrap": "debootstrap", "mmdebstrap": "mmdebstrap", "git": "git",
+PROVIDER = {"bwrap": "bubblewrap", "debootstrap": "debootstrap", "mmdebstrap": "mmdebstrap", "newuidmap": "uidmap",
+            "git": "git",
             "patch": "patch", "apptainer": "apptainer", "shellcheck": "shellcheck", "ps": "procps"}
 ESSENTIAL = {"bash", "env", "setsid", "tar", "chroot", "sed", "awk", "grep", "find", "chmod", "du", "cut", "date",
-             "mkdir", "mv", "rm", "realpath", "dirname", "cat", "sha256sum", "id", "mktemp", "true", "dpkg", "apt-get"}
+             "mkdir", "mv", "rm", "realpath", "dirname", "cat", "sha256sum", "id", "mktemp", "true", "dpkg", "apt-get",
+             "dpkg-query"}
 
 
 def packages(path: str) -> list[str]:
@@ -39,7 +41,7 @@ def missing_tools(demo: set[str]) -> dict[str, str | None]:
 
 
 def test_every_demo_tool_is_on_the_demo_list() -> None:
-    assert {"bwrap", "debootstrap", "git"} <= demo_tools(), demo_tools()
+    assert {"bwrap", "mmdebstrap", "newuidmap", "git"} <= demo_tools(), demo_tools()
     missing = missing_tools(set(packages("demo")))
     assert not missing, f"tools the demo path calls whose package is not in the demo list: {missing}"
 

@@ -335,7 +335,7 @@ class Trainer:
             lr=r.lr, **({"step_kl": r.step_kl} if r.step_kl is not None else {}),
             step_s=r.seconds, tokens=plan.total_tokens, tokens_per_s=plan.total_tokens / max(r.seconds, 1e-9),
             packing_efficiency=plan.packing_efficiency, micro_batches=len(plan.per_rank[0]),
-            groups=len(batch.groups), samples=len(batch.samples),
+            groups=len(batch.groups), samples=len(batch.samples), task_ids=batch.task_ids,
             staleness_hist=dict(sorted(collections.Counter(batch.staleness).items())),
             drops=dict(self.consumer.drops), wait_s=waited,
             idle_fraction=self.counters.idle_s / max(wall, 1e-9), policy_version=self.publisher.version,
