@@ -24,6 +24,7 @@ from typing import Any
 
 from hpc.fsutil import atomic_write_text
 from hpc.metrics import read_metrics
+from hpc.overlap import overlap_figures
 from hpc.paths import RunPaths
 
 Series = dict[str, dict[str, list[float]]]  # label -> {"x": [...], "y": [...]}
@@ -203,7 +204,7 @@ def build_report(paths: RunPaths) -> dict[str, Any]:
     from hpc.report_samples import read_ledgers, run_model, tokens_by_fate
 
     return {"schema": 1, "run": str(paths.root), "model": run_model(paths), "series": series, "skipped": skipped,
-            "accounting": {**accounting(records, hours), "hours_source": source},
+            "accounting": {**accounting(records, hours), "hours_source": source}, "overlap": overlap_figures(records),
             "tokens_by_fate": tokens_by_fate(records, read_ledgers(paths))}
 
 
