@@ -286,14 +286,18 @@ def polar_cells(dists: Dists, reps: int) -> list[dict[str, Any]]:
             for s in (0, 1, 2, 4)]
 
 
-def node_scaling(dists: Dists, reps: int, nodes: list[int], ratio: float = 0.5, max_staleness: int = 2
-                 ) -> list[dict[str, Any]]:
-    """Weak scaling: per node the Polar node's workers and 8 groups per step; the trainer kept at ``ratio`` of
-    the rollout time of a step, so the rollout side sets the pace. Efficiency = sph(N) / (N x sph(1))."""
+POLAR_NODE = replace(POLAR, nodes=1, llm_slots=48, groups_per_step=8)  # one of its 8 nodes
+
+
+def node_scaling(dists: Dists, reps: int, nodes: list[int], ratio: float = 0.5, max_staleness: int = 2,
+                 node: SimShape = POLAR_NODE) -> list[dict[str, Any]]:
+    """Weak scaling: N copies of ``node`` (its workers, LLM slots and groups per step, times N); the trainer kept
+    at ``ratio`` of the rollout time of a step, so the rollout side sets the pace.
+    Efficiency = sph(N) / (N x sph(1))."""
     out = []
     base = None
     for n in nodes:
-        shape = replace(POLAR, nodes=n, llm_slots=n * 48, groups_per_step=8 * n)
+        shape = replace(node, nodes=n, llm_slots=n * node.llm_slots, groups_per_step=n * node.groups_per_step)
         shape = replace(shape, step_s=ratio * shape.rollout_step_s())
         sim = simulate(shape, dists, max_staleness, reps)
         base = base or sim["samples_per_hour"]

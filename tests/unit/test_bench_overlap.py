@@ -33,9 +33,9 @@ def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_mi
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = _script("bench_overlap")
     out = tmp_path / "cells.json"
-    steps = 4
+    steps = 3
     assert bench.main(["--ratios", "1", "--staleness", "0", "2", "--parallel", "2", "--steps", str(steps),
-                       "--warm-steps", "1", "--time-scale", "0.1", "--json-out", str(out)]) == 0
+                       "--warm-steps", "1", "--time-scale", "0.08", "--json-out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     full = json.loads(out.read_text())
     per_step = full["shape"]["groups_per_step"] * full["shape"]["group_size"]
@@ -76,7 +76,7 @@ def test_the_model_reproduces_the_measured_bench_cells() -> None:
 def test_the_model_scales_rollout_nodes_and_drops_what_is_too_stale() -> None:
     sim = _script("sim_overlap")
     dists, _ = sim.from_bench(json.loads(FIXTURE.read_text()))
-    cells = sim.node_scaling(dists, reps=2, nodes=[1, 16])
+    cells = sim.node_scaling(dists, reps=2, nodes=[1, 16], node=sim.SimShape(steps=12, warm_steps=2))
     assert cells[1]["efficiency"] >= 0.9, cells
     slow_trainer = sim.SimShape(step_s=4 * sim.SimShape().rollout_step_s())
     fresh = sim.simulate(slow_trainer, dists, 0, reps=2)
