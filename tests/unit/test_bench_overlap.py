@@ -35,7 +35,7 @@ def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_mi
     out = tmp_path / "cells.json"
     steps = 3
     assert bench.main(["--ratios", "1", "--staleness", "0", "2", "--parallel", "2", "--steps", str(steps),
-                       "--warm-steps", "1", "--time-scale", "0.08", "--json-out", str(out)]) == 0
+                       "--warm-steps", "1", "--time-scale", "0.08", "--groups-per-step", "2", "--json-out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     full = json.loads(out.read_text())
     per_step = full["shape"]["groups_per_step"] * full["shape"]["group_size"]
