@@ -10,11 +10,11 @@ real tests in EVAL, the staleness guard that reads ``policy/LATEST``), the spool
 - :class:`InferenceStandIn` (the inference server): ``--llm-slots`` requests in service at once; a request
   answers fixed token IDs after ``prefill_s`` per new prompt token + ``decode_s`` per generated token; the tokens
   carry the version ``policy/LATEST`` names when the request is admitted (a server that reloads every published
-  version at once). Calibration (real seconds, then x ``--time-scale``): vLLM serving Llama-3.1-8B on one H100,
-  prefill ~10,000 tokens/s per request (0.1 ms/token) and 25 ms per generated token at a batch of ~64 sequences
-  (the inter-token latency vLLM's v0.6.0 performance post reports for Llama 3 8B on H100 under load,
-  https://blog.vllm.ai/2024/09/05/perf-update.html, 12-35 ms TPOT across its ShareGPT/sonnet runs). One
-  agent turn = ``--obs-tokens`` new prompt tokens + ``--gen-tokens`` generated tokens.
+  version at once). Calibration (real seconds, then x ``--time-scale``): vLLM serving Llama 3 8B on one H100, the
+  profile of vLLM's v0.6.0 performance post (https://blog.vllm.ai/2024/09/05/perf-update.html: Llama 8B on
+  1 x H100, ShareGPT, TPOT measured at 32 QPS); the figures used are assumptions of that order, not read off
+  its plots: 25 ms per generated token (a batch of ~64 agent sequences) and 0.1 ms per new prompt token
+  (~10,000 prompt tokens/s). One agent turn = ``--obs-tokens`` new prompt tokens + ``--gen-tokens`` generated.
 - :class:`SleepEngine` (the GPU trainer engine): sleeps ``seconds_per_token`` x the tokens of the step's
   micro-batches and returns a zero loss; its "weights" are one small tensor, published by the real
   publisher. The seconds per token are set from the cell's ratio: ``ratio x (rollout time of a step) /
