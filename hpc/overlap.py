@@ -1,7 +1,8 @@
 """Idle and wait figures of a run: how much of the time the trainer and the inference servers had nothing to do.
 
-Computed from the metrics a run already writes (``train_step`` and ``episode`` records), so ``spoolrl report``
-and ``scripts/bench_overlap.py`` give the same figures the same way.
+Computed from the metrics a run already writes (``train_step`` and ``episode`` records) for ``spoolrl report``;
+``scripts/bench_overlap.py`` computes its trainer idle with the same :func:`trainer_idle` (its inference idle
+comes from its stand-in server's own request intervals, through :func:`busy_share`).
 
 Guarantees:
 - ``trainer_wait_ratio``: the trainer's own accounting, the last ``train_step``'s ``idle_fraction`` (seconds it

@@ -253,7 +253,8 @@ def cell_overrides(shape: Shape, max_staleness: int, root: Path) -> list[str]:
         "algorithm.drop_zero_variance=false", "algorithm.kl_coef=0", f"trainer.total_steps={shape.steps}",
         f"trainer.max_tasks_outstanding={outstanding}", f"trainer.prefetch={'true' if max_staleness else 'false'}",
         f"trainer.checkpoint_every={shape.steps + 1}", "trainer.publish_every=1",
-        f"tasks.epochs={1 + shape.steps * shape.groups_per_step * 2 // 16}", "tasks.source=builtin",
+        f"tasks.epochs={1 + (shape.steps + max_staleness + 2) * shape.groups_per_step * 2 // 16}",  # never runs dry
+        "tasks.source=builtin",
         "spool.poll_interval_s=0.05", "spool.heartbeat_interval_s=1", "spool.shard_max_age_s=0.2",
         "rollout.metrics_interval_s=5", "rollout.max_retries=0", "rollout.queue_size=16",
         "rollout.drain_timeout_s=2", f"sandbox.scratch_dir={root / 'scratch'}",
