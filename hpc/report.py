@@ -32,6 +32,7 @@ from typing import Any
 from hpc.errors import UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.metrics import read_metrics
+from hpc.overlap import overlap_figures
 from hpc.paths import RunPaths
 from hpc.report_summary import run_summary, step_rewards
 
@@ -245,7 +246,7 @@ def build_report(paths: RunPaths) -> dict[str, Any]:
         config = f"(run.yaml unreadable: {exc})"
     return {"schema": 1, "run": str(paths.root), "model": run_model(paths), "series": series, "skipped": skipped,
             "summary": run_summary(paths.root, records), "config": config,
-            "accounting": {**accounting(records, hours), "hours_source": source},
+            "accounting": {**accounting(records, hours), "hours_source": source}, "overlap": overlap_figures(records),
             "tokens_by_fate": tokens_by_fate(records, read_ledgers(paths))}
 
 

@@ -135,6 +135,9 @@ def summary_rows(run: Path, model: str, records: list[dict[str, Any]], report: d
                     f'<span class="sub">({_e(acct["hours_source"])})</span>'),
         ("Waste", f'<b class="num">{acct["waste_percent"]:.1f} %</b> of generated tokens not trained'
                   + (f'; {_num(per_m)} GPU-h per million trained tokens' if per_m else "")),
+        ("Idle (hpc.overlap)", "".join(f'<span class="chip">{_e(k.replace("_", " "))} <b class="num">'
+                                       f'{"n/a" if v is None else f"{100 * v:.1f} %"}</b></span>'
+                                       for k, v in report.get("overlap", {}).items())),
     ]
 
 
