@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hpc.errors import FencedError
-from hpc.lease import listdir, publish_file, visible
+from hpc.fsutil import listdir, publish_file, visible
 
 
 class Fencing:

@@ -26,7 +26,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 from hpc.errors import SlurmError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
-from hpc.render import RenderedJob, job_groups
+from hpc.render import RenderedJob
 
 _HET_ID = re.compile(r"^(\d+)\+(\d+)$")
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
@@ -247,7 +247,3 @@ def cancel_all(paths: RunPaths) -> list[str]:
     ids = [r.job_id for r, _ in active_jobs(paths)]
     scancel(ids)
     return ids
-
-
-def default_roles(config: tp.Any) -> list[str]:
-    return [g.role for g in job_groups(config)]

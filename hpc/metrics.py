@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hpc.lease import safe_name
+from hpc.fsutil import safe_name
 from hpc.paths import RunPaths
 
 RESERVED = ("t", "kind", "process")

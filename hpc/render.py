@@ -1,4 +1,4 @@
-"""Rendering sbatch scripts from ``hpc/sbatch_templates/`` (pure: no I/O except reading the template).
+"""Rendering sbatch scripts from ``sbatch_templates/`` (pure: no I/O except reading the template).
 
 The templates are package data, read through :mod:`importlib.resources`, so a wheel install renders
 the same script as a checkout.
@@ -37,8 +37,7 @@ from hpc.errors import UsageError
 from hpc.paths import RunPaths
 from hpc.rundir import config_digest
 
-TEMPLATE_PACKAGE = "hpc"
-TEMPLATE_DIR = "sbatch_templates"   # inside the package: package data (pyproject.toml)
+TEMPLATE_PACKAGE = "sbatch_templates"   # the top-level resources package: package data (pyproject.toml)
 JOB_TEMPLATE = "job.sbatch.tmpl"
 # "service": the rollout-only job behind one URL (rollout-server: task 0 serves and writes
 # RUN/endpoints/rollout-server.json with its URL and token file; the other tasks are its nodes).
@@ -111,7 +110,7 @@ def fill(template: str, values: dict[str, str]) -> str:
 
 def load_template(name: str = JOB_TEMPLATE) -> str:
     """The text of a packaged template (the same from a checkout and from an installed wheel)."""
-    return resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR, name).read_text(encoding="utf-8")
+    return resources.files(TEMPLATE_PACKAGE).joinpath(name).read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------ groups

@@ -16,8 +16,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.fsutil import safe_name
-from hpc.lease import pid_alive
+from hpc.fsutil import pid_alive, safe_name
 from hpc.paths import RunPaths
 from hpc.records import EndpointRecord, scan_endpoints, write_endpoint
 

@@ -56,8 +56,7 @@ import xxhash
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
-from hpc.fsutil import safe_name, tmp_name
-from hpc.lease import fs_error
+from hpc.fsutil import fs_error, safe_name, tmp_name
 from hpc.trajectory import SCHEMA_VERSION, TOKEN_RULES, Status, Trajectory, broken_token_rule, group_ids_consistent
 
 MAGIC = b"SPOOLSHD"

@@ -70,12 +70,10 @@ from hpc.arrival import SETTLE_S, ReadyWatch
 from hpc.config.spool import SpoolConfig
 from hpc.errors import CorruptShardError, SpoolError
 from hpc.fencing import Fencing
-from hpc.fsutil import TMP_PREFIX, atomic_write_json
-from hpc.lease import (
-    Heartbeat,
-    TaskLease,
-    TaskQueue,
+from hpc.fsutil import (
+    TMP_PREFIX,
     TmpCleaner,
+    atomic_write_json,
     fs_error,
     listdir,
     publish_file,
@@ -83,6 +81,7 @@ from hpc.lease import (
     try_rename,
     visible,
 )
+from hpc.lease import Heartbeat, TaskLease, TaskQueue
 from hpc.paths import RunPaths
 from hpc.shard import (
     SUFFIX,
@@ -183,6 +182,10 @@ class Spool(Fencing):
         """The subset of ``task_ids`` that is ready or claimed (not finished, not lost)."""
         names = self.tasks.open_names()
         return {t for t in task_ids if safe_name(t) in names}
+
+    def task_holders(self) -> dict[str, str]:
+        """Claimed task -> the worker holding its claim, both as their file names (:func:`safe_name`)."""
+        return self.tasks.holders()
 
     def reissue_task(self, task: Mapping[str, Any]) -> str:
         """Run a finished task again whose results were lost (see :meth:`TaskQueue.reissue`)."""

@@ -2,18 +2,19 @@
 [--trust-network CIDR[,CIDR...]] [--no-auth] [--[no-]token-level]``:
 Rollout-as-a-Service, wire-compatible with ProRL-Agent-Server (see rollout_node/service/app.py).
 
-- ``key=value`` overrides go to the run config (sandboxes, tasks, rollout limits: the same as
-  ``rollout-node``), except ``service.<key>=value``, the server's own settings
-  (:class:`~rollout_node.service.app.ServiceConfig`; not part of run.yaml, whose only service key,
-  ``service.trust_network``, is the default of ``--trust-network``).
+- Its settings are run.yaml's ``service:`` section (:class:`~hpc.config.service.ServiceSection`), with
+  the rest of the run config (sandboxes, tasks, rollout limits: the same as ``rollout-node``);
+  ``key=value`` overrides any of them (``service.timeout_s=600``), checked like every other key. The
+  flags override the section: ``--host``, ``--port``, ``--trust-network``, ``--no-auth``,
+  ``--[no-]token-level``.
 - ``--run RUN``: the run directory the front door and its rollout nodes share (created when missing;
   default: a fresh private one in node-local scratch). More nodes join with
   ``spoolrl rollout-server --node-only --run RUN`` on any host that sees RUN.
 - When ready it prints one JSON line on stdout (``url``, ``token``, ``run``, ``token_file``) and
   writes ``RUN/endpoints/rollout-server.json`` (``url``, ``token_file``).
 - ``--trust-network``: clients from these networks need no bearer token (e.g. NeMo Gym's ProRL agent,
-  which sends none); every other address still does. Default: ``service.trust_network`` of the run
-  config. ``--no-auth`` opens every endpoint to everyone (with a warning).
+  which sends none); every other address still does. Default: ``service.trust_network``.
+  ``--no-auth`` opens every endpoint to everyone (with a warning).
 - ``--token-level`` (the default): every assistant message carries ``input_ids``, ``token_ids`` and
   ``logprobs``; a request with ``sampling_params.token_level_generation: false`` gets none.
 - In a Slurm step, task 0 serves (with ``service.local_nodes`` nodes) and every other task is a node.
@@ -31,59 +32,27 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpc.config.service import ServiceSection, trusted_networks
 from hpc.errors import UsageError
 
 log = logging.getLogger("spoolrl.service")
 
 
-def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
-    """(run-config overrides, ``service.*`` overrides without the prefix)."""
-    run, svc = [], {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if key.startswith("service.") and sep:
-            svc[key[len("service."):]] = value
-        else:
-            run.append(item)
-    return run, svc
-
-
-def _parse(key: str, kind: str, text: str) -> Any:
-    if kind == "bool":
-        if text.lower() not in ("1", "true", "yes", "0", "false", "no"):
-            raise UsageError(f"service.{key}: {text!r} is not true or false")
-        return text.lower() in ("1", "true", "yes")
-    try:
-        return int(text) if kind == "int" else float(text) if kind == "float" else text
-    except ValueError as exc:
-        raise UsageError(f"service.{key}: {text!r} is not a {kind}") from exc
-
-
-def service_config(values: dict[str, str], args: argparse.Namespace, run_trust: str = "") -> Any:
-    """The server's settings: ``service.<key>=value`` overrides, then the flags; ``trust_network``
-    falls back to the run config's ``service.trust_network``. Bad CIDRs name the flag or key."""
-    from hpc.config.service import trusted_networks
-    from rollout_node.service.app import ServiceConfig
-
-    kinds = {f.name: str(f.type) for f in fields(ServiceConfig)}
-    unknown = sorted(set(values) - set(kinds))
-    if unknown:
-        raise UsageError(f"service.{unknown[0]}: unknown; valid keys: {', '.join(sorted(kinds))}")
-    cfg = ServiceConfig(**{key: _parse(key, kinds[key], text) for key, text in values.items()})
-    trust, source = ((args.trust_network, "--trust-network") if args.trust_network is not None else
-                     (cfg.trust_network, "service.trust_network") if "trust_network" in values else
-                     (run_trust, "service.trust_network (run config)"))
-    try:
-        trusted_networks(trust)
-    except ValueError as exc:
-        raise UsageError(f"{source}: {exc}") from exc
-    return replace(cfg, host=args.host or cfg.host, port=cfg.port if args.port is None else args.port,
-                   auth=cfg.auth and not args.no_auth, trust_network=trust,
-                   token_level=cfg.token_level if args.token_level is None else args.token_level)
+def service_settings(section: ServiceSection, args: argparse.Namespace) -> ServiceSection:
+    """run.yaml's ``service:`` section with the flags over it; a bad ``--trust-network`` names the flag."""
+    if args.trust_network is not None:
+        try:
+            trusted_networks(args.trust_network)
+        except ValueError as exc:
+            raise UsageError(f"--trust-network: {exc}") from exc
+    return replace(section, host=args.host or section.host, port=section.port if args.port is None else args.port,
+                   auth=section.auth and not args.no_auth,
+                   trust_network=section.trust_network if args.trust_network is None else args.trust_network,
+                   token_level=section.token_level if args.token_level is None else args.token_level)
 
 
 def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
@@ -140,7 +109,7 @@ def start_local_nodes(run: Path, count: int) -> list[tuple[Any, threading.Thread
     return nodes
 
 
-async def serve(paths: Any, config: Any, cfg: Any) -> None:
+async def serve(paths: Any, config: Any, cfg: ServiceSection) -> None:
     from aiohttp import web
 
     from rollout_node.service.app import Service
@@ -165,7 +134,7 @@ async def serve(paths: Any, config: Any, cfg: Any) -> None:
     (paths.endpoints / "rollout-server.json").unlink(missing_ok=True)
 
 
-def announce(paths: Any, url: str, cfg: Any, token: str) -> None:
+def announce(paths: Any, url: str, cfg: ServiceSection, token: str) -> None:
     from hpc.records import EndpointRecord, write_endpoint
 
     token_file = str(paths.secret) if cfg.auth else None
@@ -181,10 +150,11 @@ def announce(paths: Any, url: str, cfg: Any, token: str) -> None:
 
 
 def _rollout_server(args: argparse.Namespace) -> int:
+    from hpc.config import load_config
     from hpc.slurm_env import SlurmEnv
 
-    run_overrides, svc_values = split_overrides(list(args.overrides))
-    service_config(svc_values, args)  # bad settings fail before anything starts
+    overrides = list(args.overrides)
+    service_settings(load_config(args.config, overrides).service, args)  # bad settings fail before anything starts
     env = SlurmEnv.from_environ()
     if args.node_only or (env.in_step and env.procid > 0):
         if not args.run:
@@ -192,8 +162,8 @@ def _rollout_server(args: argparse.Namespace) -> int:
         from hpc.cli.rollout import default_node_id
 
         return run_node_only(args.run, default_node_id())
-    paths, config = open_or_create_run(args, run_overrides)
-    cfg = service_config(svc_values, args, config.service.trust_network)
+    paths, config = open_or_create_run(args, overrides)
+    cfg = service_settings(config.service, args)
     setup_logging(paths.logs)
     nodes = start_local_nodes(paths.root, cfg.local_nodes)
     try:
@@ -212,13 +182,13 @@ def register(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="run.yaml (omitted = built-in defaults)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="run config overrides, and service.<key>=value for the server's own settings")
+                   help="run config overrides (the server's own settings: service.<key>=value)")
     p.add_argument("--run", default="", metavar="RUN", help="run directory shared with the rollout nodes")
     p.add_argument("--host", default="", help="address to bind (default 127.0.0.1; 0.0.0.0 for other hosts)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8006; 0 = any free port)")
     p.add_argument("--trust-network", default=None, metavar="CIDR[,CIDR...]",
                    help="clients from these networks need no bearer token; others still do "
-                        "(default: service.trust_network of the run config)")
+                        "(default: service.trust_network)")
     p.add_argument("--no-auth", action="store_true", help="serve without the bearer token to everyone (warns)")
     p.add_argument("--token-level", action=argparse.BooleanOptionalAction, default=None,
                    help="token IDs and logprobs on every assistant message (default: on; a request's "

@@ -16,7 +16,7 @@ SYSTEM_PROMPT = (
 )
 # ``rollout.system_prompt: brief``: one line, for a policy that already learnt the tool-call format (the
 # demo's warm start). The task is then most of the prompt: on builtin-pick the tiny model reads the
-# statement from RL only with it (scripts/probe_pick_learning.py, ninth and tenth sessions).
+# statement from RL only with it (docs/pick_learning.md).
 BRIEF_SYSTEM_PROMPT = ("You are a software engineer. Fix the repository at /work with one tool call per turn, as JSON "
                        "inside <tool_call> tags, then submit.")
 SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "brief": BRIEF_SYSTEM_PROMPT}  # rollout.system_prompt -> text

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hpc.lease import pid_alive
+from hpc.fsutil import pid_alive
 
 
 def remove_tree(root: Path) -> None:

@@ -411,8 +411,6 @@ class _Watched:
     limits: Limits
     on_kill: Callable[[str], None] | None
     verdicts: dict[int, str] = field(default_factory=dict)  # killed root pid -> why
-    peak_mem: int = 0
-    peak_procs: int = 0
     demoted: set[int] = field(default_factory=set)
     kills: int = 0
     disk_dirs: tuple[Path, ...] = ()
@@ -485,11 +483,6 @@ class Watchdog:
             kills = w.kills if w else 0
         return 0.0 if kills == 0 else min(5.0, 0.5 * 2 ** (kills - 1))
 
-    def peaks(self, key: str) -> tuple[int, int]:
-        with self._lock:
-            w = self._watched.get(key)
-            return (w.peak_mem, w.peak_procs) if w else (0, 0)
-
     def _loop(self) -> None:
         hot = False
         while True:
@@ -513,7 +506,6 @@ class Watchdog:
             mem = sandbox_memory(pids, shared)
             # RLIMIT_NPROC counts tasks (threads), so the watchdog does too
             tasks = sum(threads.get(p, 1) for p in pids)
-            w.peak_mem, w.peak_procs = max(w.peak_mem, mem), max(w.peak_procs, tasks)
             near = tasks > w.limits.max_procs // 2 or mem > w.limits.mem_bytes // 2
             hot = hot or near
             if (w.kills or near) and not set(roots) <= w.demoted:

@@ -32,7 +32,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
-WARNING_SIGNAL = "USR1"  # Slurm's time-limit warning (hpc/sbatch_templates): the node's, not the sandbox's
+WARNING_SIGNAL = "USR1"  # Slurm's time-limit warning (sbatch_templates/): the node's, not the sandbox's
 _SHIM = ("import os,signal,sys\n"
          "for s in signal.valid_signals():\n"
          "    try: signal.signal(s, signal.SIG_DFL)\n"

@@ -26,13 +26,11 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from hpc.config.service import Network, trusted_networks
-from hpc.errors import UsageError
+from hpc.config.service import Network, ServiceSection, trusted_networks
 from rollout_node.service import wire
 from rollout_node.service.backends import Backends, base_url
 from rollout_node.service.frontdoor import FrontDoor, JobEnded
@@ -41,40 +39,6 @@ from rollout_node.service.probe import probe_backend, refusal_detail
 log = logging.getLogger("spoolrl.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HEARTBEAT_S = 5.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceConfig:
-    """The rollout-server's own settings (``service.<key>=value`` on its command line)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8006                 # ProRL-Agent-Server's default
-    auth: bool = True
-    trust_network: str = ""          # CIDRs whose clients need no token (hpc.config.service.trusted_networks)
-    token_level: bool = True         # token IDs in messages unless a request sends token_level_generation: false
-    max_pending: int = 4096          # /process calls in flight; above it: 503 + Retry-After
-    retry_after_s: int = 5
-    timeout_s: float = 3600.0        # per /process, from admission; past it: 504 and the job is cancelled
-    max_request_mb: float = 16.0
-    local_nodes: int = 1             # rollout nodes run inside this process (0 = only external ones)
-    poll_s: float = 0.1              # how often the front door reads finished shards back
-    llm_server: str = ""             # backends registered at startup, comma-separated (http://vllm-host:8000/v1)
-    probe_timeout_s: float = 10.0    # per request of /add_llm_server's probe
-
-    def __post_init__(self) -> None:
-        if not self.probe_timeout_s > 0:
-            raise UsageError(f"service.probe_timeout_s: {self.probe_timeout_s} must be > 0 seconds")
-        try:
-            self.llm_servers()
-        except wire.WireError as exc:
-            raise UsageError(f"service.llm_server: {exc}") from exc
-
-    def llm_servers(self) -> list[str]:
-        """The ``llm_server`` addresses (raises :class:`wire.WireError` naming a bad one)."""
-        addresses = [item.strip() for item in self.llm_server.split(",") if item.strip()]
-        for address in addresses:
-            base_url(address)
-        return addresses
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -99,7 +63,7 @@ def trusted(remote: str | None, networks: tuple[Network, ...]) -> bool:
 class Service:
     """Routes bound to one front door, one backend registry and one token."""
 
-    def __init__(self, door: FrontDoor, backends: Backends, cfg: ServiceConfig, token: str) -> None:
+    def __init__(self, door: FrontDoor, backends: Backends, cfg: ServiceSection, token: str) -> None:
         self.door, self.backends, self.cfg, self.token = door, backends, cfg, token
         self.trusted = trusted_networks(cfg.trust_network)
         for address in cfg.llm_servers():

@@ -14,15 +14,16 @@ import hashlib
 import itertools
 from pathlib import Path
 
+from hpc.config.service import address_problem
 from hpc.records import EndpointRecord, write_endpoint
 from rollout_node.service.wire import WireError
 
 
 def base_url(address: str) -> str:
     """``http://host:port/v1`` -> ``http://host:port`` (the client appends ``/v1/completions``)."""
+    if (why := address_problem(address)) is not None:
+        raise WireError(400, why)
     url = address.strip().rstrip("/")
-    if not url.startswith(("http://", "https://", "unix://")):
-        raise WireError(400, f"address {address!r} must be an http(s):// URL such as http://host:8000/v1")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from hpc.config import RunConfig
-from hpc.lease import listdir, visible
 from hpc.paths import RunPaths
 from hpc.spool import Spool
 from hpc.trajectory import Trajectory
@@ -227,16 +226,7 @@ class FrontDoor:
         for traj in rnd.rows:
             (cancel_dir(self.paths) / traj.task_id).unlink(missing_ok=True)
         if rnd.scan_holders:
-            rnd.holders = self._holders()
-
-    def _holders(self) -> dict[str, str]:
-        """task id -> worker id holding its claim (layout: spool/tasks/claimed/<worker>/<task>@<n>)."""
-        root = self.paths.spool / "tasks" / "claimed"
-        out: dict[str, str] = {}
-        for worker in visible(listdir(root)):
-            for name in visible(listdir(root / worker)):
-                out[name.rsplit("@", 1)[0]] = worker
-        return out
+            rnd.holders = self.spool.task_holders()
 
     def _settle(self, rnd: Round) -> None:
         """On the loop: answer finished jobs, note holders, time jobs out."""

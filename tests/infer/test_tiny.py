@@ -73,52 +73,6 @@ def test_cli(tmp_path: Path) -> None:
     assert (tmp_path / "m" / "model.safetensors").exists() and (tmp_path / "m" / "tokenizer.json").exists()
 
 
-def test_tied_variant_shares_the_head(tmp_path: Path) -> None:
-    """tie_embeddings=True: another build (own cache key) whose lm_head is the input embedding (one tensor, unscaled)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from train_node.infer.tiny import TinySpec
-
-    assert TinySpec().key() != TinySpec(tie_embeddings=True).key()
-    tied = AutoModelForCausalLM.from_pretrained(str(build_tiny_model(tmp_path / "tied", tie_embeddings=True)))
-    assert tied.config.tie_word_embeddings
-    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
-    std = float(tied.lm_head.weight.std())
-    assert std < 0.05, std  # the init scale (~0.02), not the untied head's x5
-    with torch.no_grad():
-        tied.lm_head.weight.add_(1.0)
-    assert torch.equal(tied.lm_head.weight, tied.model.embed_tokens.weight)
-
-
-def test_copy_init_starts_the_first_layer_as_copy_heads(tmp_path: Path) -> None:
-    """copy_init=s: each first-layer head's output of its value projection is s/heads-per-kv times an
-    orthonormal projection (a copy of 64 dims of what it attends to); the other layers stay random."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from train_node.infer.tiny import TinySpec
-
-    assert TinySpec(tie_embeddings=True).key() != TinySpec(tie_embeddings=True, copy_init=2.0).key()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(build_tiny_model(tmp_path / "copy", tie_embeddings=True, copy_init=2.0)))
-    cfg = model.config
-    hd, per_kv = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
-
-    def circuit(layer: int, head: int) -> torch.Tensor:  # residual -> residual through one head's value path
-        attn = model.model.layers[layer].self_attn
-        kv = head // per_kv
-        return attn.o_proj.weight[:, head * hd:(head + 1) * hd] @ attn.v_proj.weight[kv * hd:(kv + 1) * hd]
-
-    with torch.no_grad():
-        for head in range(cfg.num_attention_heads):
-            eig = torch.linalg.eigvalsh(circuit(0, head))
-            assert torch.allclose(eig[-hd:], torch.full((hd,), 2.0 / per_kv), atol=1e-4), eig[-hd:]
-            assert float(eig[:-hd].abs().max()) < 1e-4
-        random_eig = torch.linalg.eigvals(circuit(1, 0)).abs()
-        assert float(random_eig.max()) < 0.1, random_eig.max()  # layer 1: the random init's small circuit
-
-
 def test_warm_fit_takes_whole_sets_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``WarmSpec.group``: every mini-batch is made of whole consecutive sets of ``group`` examples."""
     from train_node.infer import warm

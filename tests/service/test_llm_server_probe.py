@@ -25,15 +25,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from hpc.cli.service import service_config
 from hpc.config import load_config
-from hpc.errors import UsageError
+from hpc.config.service import ServiceSection
+from hpc.errors import ConfigError
 from hpc.rundir import create_run
-from rollout_node.service.app import Service, ServiceConfig
+from rollout_node.service.app import Service
 from rollout_node.service.backends import Backends
 from rollout_node.service.frontdoor import FrontDoor
 from rollout_node.service.standin import StandIn
-from tests.service.test_service_cli import _args
+from tests.service.test_service_cli import _settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -115,7 +115,7 @@ async def drive(tmp: Path) -> None:
     standin = StandIn([7, 8, 9], 0.0, None, 4096)
     async with serving(standin.app()) as vllm, serving(nemo_gym_model_server()) as gym, \
             serving(text_only_server()) as text:
-        svc_cfg = ServiceConfig(trust_network="127.0.0.1/32", llm_server=f"{vllm}/v1", probe_timeout_s=5)
+        svc_cfg = ServiceSection(trust_network="127.0.0.1/32", llm_server=f"{vllm}/v1", probe_timeout_s=5)
         svc = Service(FrontDoor(paths, cfg, timeout_s=60, poll_s=0.05), Backends(paths.endpoints), svc_cfg,
                       paths.secret.read_text().strip())
         async with serving(svc.app()) as url, aiohttp.ClientSession(url) as s:
@@ -153,10 +153,10 @@ def test_add_llm_server_probes_the_address(tmp_path: Path) -> None:
 
 
 def test_llm_server_setting_is_checked_before_anything_starts() -> None:
-    cfg = service_config({"llm_server": "http://a:8000/v1, http://b:8000"}, _args())
+    cfg = _settings(["service.llm_server=http://a:8000/v1, http://b:8000"])
     assert cfg.llm_servers() == ["http://a:8000/v1", "http://b:8000"]
-    with pytest.raises(UsageError, match=r"^service.llm_server: address 'vllm-host:8000' must be an http"):
-        service_config({"llm_server": "http://a:8000/v1,vllm-host:8000"}, _args())
+    with pytest.raises(ConfigError, match=r"service.llm_server: address 'vllm-host:8000' must be an http"):
+        _settings(["service.llm_server=http://a:8000/v1,vllm-host:8000"])
     for bad in ("soon", "0"):
-        with pytest.raises(UsageError, match="^service.probe_timeout_s"):
-            service_config({"probe_timeout_s": bad}, _args())
+        with pytest.raises(ConfigError, match="service.probe_timeout_s"):
+            _settings([f"service.probe_timeout_s={bad}"])

@@ -25,11 +25,12 @@ import aiohttp
 import pytest
 
 from hpc.config import load_config
+from hpc.config.service import ServiceSection
 from hpc.rundir import create_run
 from hpc.spool import Spool
 from rollout_node.pipeline.node import NodeOptions
 from rollout_node.pipeline.sizing import Workers
-from rollout_node.service.app import Service, ServiceConfig
+from rollout_node.service.app import Service
 from rollout_node.service.backends import Backends
 from rollout_node.service.frontdoor import FrontDoor
 from rollout_node.service.node import ServiceNode, make_service_policy
@@ -70,7 +71,7 @@ async def _serve_and_fire(paths: Any, cfg: Any, backend: str, token: str) -> tup
     from aiohttp import web
 
     svc = Service(FrontDoor(paths, cfg, timeout_s=120, poll_s=0.05), Backends(paths.endpoints),
-                  ServiceConfig(max_pending=N), token)
+                  ServiceSection(max_pending=N), token)
     runner = web.AppRunner(svc.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

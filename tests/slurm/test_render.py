@@ -18,7 +18,7 @@ import pytest
 from hpc.cli import main
 from hpc.config import load_config
 from hpc.render import (
-    TEMPLATE_DIR,
+    TEMPLATE_PACKAGE,
     TemplateError,
     fill,
     joined_text,
@@ -147,14 +147,17 @@ def test_dry_run_prints_exactly_what_render_writes(tmp_path: Path, capsys: pytes
 
 
 def test_templates_are_package_data() -> None:
-    """A wheel (non-editable) install carries every template, so it renders the same script."""
+    """A wheel (non-editable) install carries every template of the top-level ``sbatch_templates/``
+    (a package of its own, found by the packaging config), so it renders the same script."""
     tomllib = pytest.importorskip("tomllib", reason="stdlib from Python 3.11 (CI runs 3.11)")
+    from setuptools import find_packages
+
     root = Path(__file__).resolve().parents[2]
     setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = setuptools["package-data"]["hpc"]
-    templates = sorted((root / "hpc" / TEMPLATE_DIR).iterdir())
+    assert TEMPLATE_PACKAGE in find_packages(str(root), include=setuptools["packages"]["find"]["include"])
+    patterns = setuptools["package-data"][TEMPLATE_PACKAGE]
+    templates = sorted((root / TEMPLATE_PACKAGE).glob("*.tmpl"))
     assert templates
     for path in templates:
-        rel = f"{TEMPLATE_DIR}/{path.name}"
-        assert any(fnmatch(rel, pattern) for pattern in patterns), f"{rel} is not package data of hpc"
+        assert any(fnmatch(path.name, pattern) for pattern in patterns), f"{path.name} is not package data"
         assert load_template(path.name) == path.read_text()

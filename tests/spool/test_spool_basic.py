@@ -14,7 +14,7 @@ from spool_helpers import make_group, make_traj
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import FencedError, SpoolError
-from hpc.lease import TmpCleaner
+from hpc.fsutil import TmpCleaner
 from hpc.shard import read_shard_file, shard_count
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
@@ -56,6 +56,17 @@ def test_release_returns_task_with_next_attempt(tmp_path: Path) -> None:
     assert again is not None and again.task_id == "t" and again.attempt == 1
     assert not spool.finish_task(lease)  # the released lease can no longer finish
     assert spool.finish_task(again)
+
+
+def test_task_holders_name_the_worker_of_each_claim(tmp_path: Path) -> None:
+    """What the rollout service reads to tell a caller which node held its job."""
+    spool = Spool(tmp_path)
+    spool.put_tasks([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}])
+    first, second = spool.claim_task("w1"), spool.claim_task("w2")
+    assert first is not None and second is not None
+    assert spool.task_holders() == {first.task_id: "w1", second.task_id: "w2"}
+    assert spool.finish_task(first) and spool.release_task(second)
+    assert spool.task_holders() == {}
 
 
 def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> None:

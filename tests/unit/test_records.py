@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc.errors import RecordError, RunDirError
-from hpc.fsutil import TMP_PREFIX, atomic_write_json, tmp_name
-from hpc.lease import TmpCleaner, publish_file
+from hpc.fsutil import TMP_PREFIX, TmpCleaner, atomic_write_json, publish_file, tmp_name
 from hpc.paths import RunPaths
 from hpc.records import (
     CheckpointPointer,

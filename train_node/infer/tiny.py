@@ -8,11 +8,8 @@ Guarantees:
   pad), ``<|im_start|>``, ``<|im_end|>``.
 - The model is a Qwen2 with UNTIED embeddings and ``lm_head`` scaled x5: a random model with tied,
   scaled embeddings just repeats its last input token; this one samples varied tokens (logit std ~1.6).
-  ``tie_embeddings=True`` builds the tied variant (lm_head = input embeddings, unscaled): untrained it
-  mostly repeats its input, but a policy-gradient learner can copy a token of the prompt through it, which the
-  untied one never learned (``scripts/probe_pick_learning.py``). ``copy_init`` > 0 on top starts the
-  first layer as copy heads (:func:`_copy_init`). The demo's warm start still starts from the untied
-  build: neither variant yet learns through the whole loop in the demo's budget (issue 12).
+  It is the demo's base (warm-started by ``spoolrl demo``); what it takes to make it read a task
+  statement is in ``docs/pick_learning.md``.
 - Output directories appear atomically (built in a temporary sibling, then renamed) and builds are
   cached under ``$SPOOLRL_CACHE`` (default ``~/.cache/spoolrl``), keyed by every argument.
 - vLLM (CPU and GPU) serves the result: fp32 safetensors, head_dim 64, max_position_embeddings 2048.
@@ -54,19 +51,11 @@ class TinySpec:
     num_kv_heads: int = 2
     max_position_embeddings: int = 2048
     lm_head_scale: float = 5.0
-    tie_embeddings: bool = False  # True: lm_head shares the input embeddings (unscaled)
-    # > 0: the first layer's heads start as copy heads (see _copy_init), output scaled by this
-    copy_init: float = 0.0
 
     def key(self) -> str:
         import transformers
 
-        fields = dataclasses.asdict(self)
-        if not self.tie_embeddings:
-            del fields["tie_embeddings"]  # untied builds keep the keys they had before the field existed
-        if not self.copy_init:
-            del fields["copy_init"]  # likewise
-        ident = dict(fields, builder=BUILDER_VERSION, python=sys.version_info[:3],
+        ident = dict(dataclasses.asdict(self), builder=BUILDER_VERSION, python=sys.version_info[:3],
                      transformers=transformers.__version__)
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -181,43 +170,14 @@ def _random_model(spec: TinySpec, tok: Any) -> Any:
         vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.hidden_size * 2,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=spec.tie_embeddings, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
     # fork_rng: building a model must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        if spec.copy_init:
-            _copy_init(model, spec.copy_init)
-    if not spec.tie_embeddings:
-        with torch.no_grad():
-            model.get_output_embeddings().weight.mul_(spec.lm_head_scale)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(spec.lm_head_scale)
     return model.eval()
 
-
-def _copy_init(model: Any, scale: float) -> None:
-    """Start the first layer's attention as copy heads: each key/value head's value projection is an
-    orthonormal basis of its own slice of the residual stream and each query head's output projection
-    maps it back, so a head writes (a projection of) the embeddings of the tokens it attends to.
-
-    A generic prior, not the task: which tokens a head attends to stays random (queries and keys are
-    untouched), so the model reads nothing yet; but learning to look at a token then pays off at once
-    through the tied ``lm_head``, instead of needing a value path learned at the same time. In the
-    probe (``scripts/probe_pick_learning.py``, whose docstring has the figures) the tied model with
-    copy heads started reading ``builtin-pick``'s statement sooner, but not in every seed."""
-    import torch
-
-    cfg = model.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    per_kv = cfg.num_attention_heads // cfg.num_key_value_heads
-    attn = model.model.layers[0].self_attn
-    basis, _ = torch.linalg.qr(torch.randn(cfg.hidden_size, head_dim * cfg.num_key_value_heads))
-    with torch.no_grad():
-        for kv in range(cfg.num_key_value_heads):
-            part = basis[:, kv * head_dim:(kv + 1) * head_dim]
-            attn.v_proj.weight[kv * head_dim:(kv + 1) * head_dim] = part.T
-            if attn.v_proj.bias is not None:
-                attn.v_proj.bias[kv * head_dim:(kv + 1) * head_dim] = 0.0
-            for h in range(kv * per_kv, (kv + 1) * per_kv):
-                attn.o_proj.weight[:, h * head_dim:(h + 1) * head_dim] = part * (scale / per_kv)

@@ -14,8 +14,8 @@ What makes it learnable by a tiny model in minutes (and still a test of the whol
 - Every statement ends with the same request naming the value, then insists on it :data:`REPEATS`
   times ("It must be `min`."); four openings phrase the rest differently and name the value once or
   twice more. With the demo's one-line system prompt 10-11 of the 165-188 prompt tokens are the value:
-  that share, not wording about the value, is what lets the tiny model learn to read the statement
-  from RL within minutes (scripts/probe_pick_learning.py: ninth to eleventh sessions).
+  that share, not wording about the value, is what lets the tiny model read the statement from RL at
+  all; the demo's batch shape, forward KL and KL-bounded lr do the rest (docs/pick_learning.md).
 A policy that ignores the statement scores 1/K in expectation.
 """
 
