@@ -228,12 +228,13 @@ class Soak:
         return out
 
     def eval_pids(self) -> list[int]:
-        """Processes of the rollout node running an EVAL's tests (pytest inside a sandbox)."""
+        """Processes of the rollout node running an EVAL's tests (EVAL alone runs ``env -i PATH=...``
+        inside its sandbox: rollout_node.tasks.harness.build_test_argv)."""
         role = self.roles["rollout"]
         if not role.alive() or role.proc is None:
             return []
         tree = process_table()
-        return [pid for pid in descendants(tree, role.proc.pid) if "pytest" in tree[pid].cmdline]
+        return [pid for pid in descendants(tree, role.proc.pid) if " env -i PATH=" in tree[pid].cmdline]
 
     # --- whole-run stop and resume (a new allocation) -----------------------------------------------------------
 
