@@ -29,6 +29,7 @@ module holds its lifecycle and the control loop.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -37,10 +38,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hpc import rollout_presence
+from hpc.errors import SandboxError
 from rollout_node.pipeline.claims import NodeClaims
 from rollout_node.pipeline.episode import Episode, Group
 from rollout_node.pipeline.outcomes import ABORT_GRACE_S, TICK_S, NodeOptions
-from rollout_node.pipeline.scratch import remove_dead_scratch, remove_tree
+from rollout_node.pipeline.scratch import remove_dead_sandbox_scratch, remove_dead_scratch, remove_tree
 from rollout_node.pipeline.sink import GroupSink
 from rollout_node.pipeline.workers import NodeWorkers
 
@@ -56,6 +58,10 @@ class RolloutNode(NodeClaims, NodeWorkers):
     def run(self) -> dict[str, Any]:
         """Run until an exit condition holds (see :mod:`hpc.cli.rollout`); returns the final metrics snapshot."""
         remove_dead_scratch(self.opts.scratch, self.opts.node_id)
+        from rollout_node.sandbox.sandbox import user_scratch
+
+        with contextlib.suppress(SandboxError):  # unusable scratch: the first sandbox says so
+            remove_dead_sandbox_scratch(user_scratch(self.config.sandbox) / "sbx")
         self.scratch.mkdir(parents=True, exist_ok=True)
         rollout_presence.announce(self.paths, self.worker_id, os.getpid())
         self.sink = GroupSink(self.spool, self.worker_id, self._spool_call)

@@ -31,10 +31,20 @@ def remove_tree(root: Path) -> None:
 
 def remove_dead_scratch(scratch: Path, node_id: str) -> list[Path]:
     """Remove ``<scratch>/<node_id>.<pid>.<hex>`` trees whose pid is gone (a killed incarnation); returns them."""
+    return _remove_dead({old: old.name.rsplit(".", 2)[-2] for old in scratch.glob(f"{node_id}.*.*")})
+
+
+def remove_dead_sandbox_scratch(sbx: Path) -> list[Path]:
+    """Remove ``<sbx>/sbx-<pid>-<hex>``, the private scratch of sandboxes whose node process is gone (a
+    SIGKILLed node never closed them; scripts/soak.py found them left); returns them."""
+    return _remove_dead({old: old.name.split("-")[1] for old in sbx.glob("sbx-*-*")})
+
+
+def _remove_dead(trees: dict[Path, str]) -> list[Path]:
+    """Remove each tree whose owner pid (text) is a number of a process that no longer exists."""
     removed = []
-    for old in scratch.glob(f"{node_id}.*.*"):
-        pid = old.name.rsplit(".", 2)[-2]
+    for tree, pid in trees.items():
         if pid.isdigit() and not pid_alive(int(pid)):
-            remove_tree(old)
-            removed.append(old)
+            remove_tree(tree)
+            removed.append(tree)
     return removed

@@ -39,6 +39,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -105,12 +106,21 @@ class PidsCgroup:
             self.path = None
 
     def _sweep(self) -> None:
-        """Remove empty groups left by node processes that died without closing (named spoolrl-sbx-<pid>-...)."""
+        """Clear groups left by node processes that died without closing (named spoolrl-sbx-<pid>-...).
+
+        What is still in such a group is an orphaned sandbox: a node SIGKILLed while it started one
+        can leave the sandbox's bwrap running under init (its ``--die-with-parent`` came too late;
+        found by scripts/soak.py). It is SIGKILLed; the group goes once its processes are reaped (this
+        sweep or a later one; nothing waits here)."""
         for group in self.ROOT.glob("spoolrl-sbx-*"):
             try:
                 owner = int(group.name.split("-")[2])
-                if not Path(f"/proc/{owner}").exists():
-                    group.rmdir()  # fails while processes remain in it: then it is not stale
+                if Path(f"/proc/{owner}").exists():
+                    continue
+                for pid in (int(x) for x in (group / "cgroup.procs").read_text().split()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                group.rmdir()  # fails until the killed processes are reaped
             except (ValueError, IndexError, OSError):
                 continue
 

@@ -85,7 +85,7 @@ def test_episode_past_its_disk_budget_is_killed_and_scored_as_the_agents_outcome
 CLEANUP = """
 import json, os, shutil, subprocess, sys
 from pathlib import Path
-from rollout_node.pipeline.scratch import remove_dead_scratch, remove_tree
+from rollout_node.pipeline.scratch import remove_dead_sandbox_scratch, remove_dead_scratch, remove_tree
 base = Path(sys.argv[1])
 dead = subprocess.Popen(["true"]); dead.wait()
 def plant(root):
@@ -98,9 +98,11 @@ shutil.rmtree(plain, ignore_errors=True)
 old = plant(base / f"n0.{dead.pid}.beef")
 live = plant(base / f"n0.{os.getpid()}.cafe")
 removed = remove_dead_scratch(base, "n0")
+sbx_dead, sbx_live = plant(base / "sbx" / f"sbx-{dead.pid}-beef"), plant(base / "sbx" / f"sbx-{os.getpid()}-cafe")
+removed += remove_dead_sandbox_scratch(base / "sbx")
 print(json.dumps({"plain_survives": plain.exists(), "removed": [p.name for p in removed],
-                  "dead_gone": not old.exists(), "live_kept": live.exists()}))
-remove_tree(live); remove_tree(plain)
+                  "dead_gone": not old.exists() and not sbx_dead.exists(), "live_kept": live.exists() and sbx_live.exists()}))
+remove_tree(live); remove_tree(plain); remove_tree(base / "sbx")
 print(json.dumps({"after": sorted(os.listdir(base))}))
 """
 
@@ -124,7 +126,7 @@ def test_scratch_cleanup_removes_trees_the_agent_made_unwritable() -> None:
         first, second = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
         result: dict[str, Any] = first
         assert result["plain_survives"], "the fault reproduces: shutil.rmtree leaves a chmod-000 tree"
-        assert result["dead_gone"] and result["live_kept"] and len(result["removed"]) == 1, result
+        assert result["dead_gone"] and result["live_kept"] and len(result["removed"]) == 2, result
         assert second["after"] == []
     finally:
         subprocess.run(["chmod", "-R", "u+rwx", str(base)], check=False)

@@ -4,6 +4,7 @@ process-tree killing and the node-side file tools' path safety. No sandbox neede
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tarfile
 import threading
@@ -262,3 +263,33 @@ def test_tmpfs_of_every_sandbox_namespace_counts(tmp_path: Path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pids cgroups are created by root only")
+def test_pids_group_of_a_dead_node_is_cleared_with_its_orphans() -> None:
+    """A node SIGKILLed while it started a sandbox can leave that sandbox running under init in the
+    node's group (scripts/soak.py found one): the next node's sweep kills it, then removes the group."""
+    from rollout_node.sandbox.limits import PidsCgroup
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer exists: the "node" that made the group
+    stale = PidsCgroup.ROOT / f"spoolrl-sbx-{dead.pid}-orphan"
+    stale.mkdir()
+    orphan = subprocess.Popen(["/bin/sh", "-c", 'echo 0 > "$0/tasks" && exec sleep 300', str(stale)])
+    group = None
+    try:
+        deadline = time.monotonic() + 10
+        while str(orphan.pid) not in (stale / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        group = PidsCgroup(f"sbx-{os.getpid()}-sweeper", 64)  # a new sandbox sweeps
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        group.remove()
+        group = PidsCgroup(f"sbx-{os.getpid()}-sweeper", 64)  # the orphan is reaped: the group goes
+        assert not stale.exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+        if group is not None:
+            group.remove()
+        if stale.exists():
+            stale.rmdir()
