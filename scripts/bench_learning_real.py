@@ -9,12 +9,13 @@ the tamper-proof EVAL, the spool, the DeepSpeed trainer (top ``--layers`` blocks
 ``trainer.trainable_layers``).
 
 Phases, in order (each prints one JSON line):
-1. ``before``: the held-out pass rate of the converted model: every instance of ``builtin-lookup-heldout``
+1. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
+   rollouts and the step) with its tokens (``--measure-only`` stops here).
+2. ``before``: the held-out pass rate of the converted model: every instance of ``builtin-lookup-heldout``
    (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
-   whose episodes are counted (pass = reward 1; the step itself changes nothing).
-2. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
-   rollouts and the step) with its tokens; the steps per arm are sized from it so the three arms train
-   within ``--budget-s`` (default 45 min warm, the issue's bound), each at most 20 minutes, unless ``--steps``.
+   whose episodes are counted (pass = reward 1; the step itself changes nothing). The steps per arm are
+   sized from the measured step and this evaluation's time so that the three arms and their evaluations
+   fit ``--budget-s`` (default 45 min warm, the issue's bound), each arm at most 20 minutes, unless ``--steps``.
 3. three arms from the same model, same seed and steps, on ``builtin-lookup`` (64 instances):
    ``real``; ``lr0`` (``trainer.lr=0``: the loop without learning); ``shuffled``
    (``algorithm.control_shuffle_rewards=true``, a bench-only control: each step's rewards are permuted
@@ -168,8 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and eval")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-arms", action="store_true",
-                        help="only convert, evaluate before and measure one step (what a loaded machine affords)")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="only convert the model and time one training step, evaluating nothing (what a loaded "
+                        "machine affords)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every phase")
     return parser.parse_args(argv)
 
@@ -180,16 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = convert_model(out)
     t0 = time.monotonic()
-    before = evaluate("before", model, model, out, args)
     measure_run = out / "measure"
     measure_wall = run_demo(measure_run, 1, train_overrides(model, args, 1))
     measured = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}
+    print(json.dumps(measured), flush=True)
+    if args.measure_only:
+        return 0
+    before = evaluate("before", model, model, out, args)
     steps = args.steps or size_steps(measured["step_s"], before["wall_s"], args)
-    print(json.dumps({**measured, "steps_per_arm": steps,
+    print(json.dumps({"phase": "sized", "steps_per_arm": steps,
                       "estimated_arms_s": round(len(ARMS) * (steps * measured["step_s"] + before["wall_s"]))}),
           flush=True)
-    if args.skip_arms:
-        return 0
     after: dict[str, float] = {}
     for name, extra in ARMS.items():
         run = out / name
