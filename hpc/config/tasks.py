@@ -10,6 +10,10 @@ from hpc.config.base import knob, section
 BUILTIN_TASK_SETS = {
     "builtin": "tasks.jsonl",       # 16 real bug fixes in four small repositories
     "builtin-pick": "pick.jsonl",   # the learnable family: write the one of 4 values the statement names
+    # the answer only in a tool observation: copy a setting's value from its file (rollout_node/tasks/builtin/lookup.py)
+    "builtin-lookup": "lookup.jsonl",                   # 64 instances to train on
+    "builtin-lookup-heldout": "lookup_heldout.jsonl",   # 32 others, only evaluated
+    "builtin-lookup-warm": "lookup_warm.jsonl",         # 32 others, for a warm start
 }
 
 
@@ -23,7 +27,9 @@ class TasksConfig:
     """Where tasks come from and in what order they are fed."""
 
     source: str = knob("builtin", doc="a SWE-bench-style JSONL file, or a built-in set: 'builtin' (16 bug fixes), "
-                       "'builtin-pick' (learnable: write the value the statement names; the demo's)")
+                       "'builtin-pick' (learnable: write the value the statement names; the demo's), 'builtin-lookup' (64 instances: "
+                       "copy a setting's value from its file, then submit; 'builtin-lookup-heldout' and "
+                       "'builtin-lookup-warm' are two disjoint sets of 32 more)")
     repo_cache: str = knob("", doc="local mirror of task repositories ('' = RUN/repos for built-in tasks)",
                            resumable=True)
     epochs: int = knob(1, doc="passes over the task set", min=1, resumable=True)

@@ -27,6 +27,10 @@ class TrainerConfig:
     freeze_embeddings: bool = knob(False, doc="train neither the input embeddings nor the output head (lm_head): "
                                    "the rest of the model learns to read, while the logits' common mode can no "
                                    "longer swing a whole step's worth of Adam per token row")
+    trainable_layers: int = knob(
+        0, doc="train only the top N transformer blocks, the final norm and the output head (with tied embeddings, "
+        "as in SmolLM2, the head is the input embedding); the rest is frozen and not in the optimizer, so a step "
+        "costs less (0 = train every layer; N above the model's blocks is refused)", min=0)
     grad_clip: float = knob(1.0, doc="gradient-norm clipping (0 = off)", min=0.0)
     max_seq_len: int = knob(8192, doc="longer trajectories are dropped (reason 'too_long')", min=8)
     activation_checkpointing: bool = knob(False, doc="recompute activations in backward (long sequences)")
@@ -68,6 +72,10 @@ class AlgorithmConfig:
     timeout: Literal["score", "mask"] = knob(
         "mask", doc="episodes past rollout.run_timeout_s (tool and sandbox time; waiting for the inference server "
         "does not count): 'score' or 'mask' as for truncated")
+    control_shuffle_rewards: bool = knob(
+        False, doc="a CONTROL for benchmarks, never for training a policy: each step's rewards are permuted across "
+        "its episodes before the advantages are computed, so the step carries no information about which episode "
+        "earned what (scripts/bench_learning_real.py's shuffled arm; the logged reward stays the real one)")
     drop_zero_variance: bool = knob(True, doc="drop groups whose rewards are all equal (DAPO dynamic sampling)")
     advantage_norm: Literal["group_std", "group_mean", "batch_mean", "batch_std"] = knob(
         "group_std", doc="the baseline: 'group_std': (r - mean) / std within each group (GRPO); 'group_mean': r - mean "

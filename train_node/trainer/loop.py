@@ -41,6 +41,7 @@ from hpc.spool import Spool
 from train_node.trainer import checkpoint as ckpt
 from train_node.trainer import signals
 from train_node.trainer.consumer import Batch, Consumer, ConsumerState
+from train_node.trainer.controls import shuffle_rewards, step_rng
 from train_node.trainer.dist_env import DistEnv, resolve
 from train_node.trainer.engine import Engine, StepResult, init_distributed, load_model
 from train_node.trainer.feeder import Feeder
@@ -252,6 +253,8 @@ class Trainer:
         if batch is None:
             return {"cmd": "idle"}
         self.counters.last_data = time.monotonic()
+        if self.cfg.algorithm.control_shuffle_rewards:  # a bench's control arm (controls.py), never a real run
+            shuffle_rewards(batch, self.cfg.algorithm.advantage_norm, step_rng(self.cfg.run.seed, self.step + 1))
         plan = plan_step(batch.samples, self.world, self.cfg.trainer.micro_batch_tokens)
         self._pending = (batch, plan, waited)
         return {"cmd": "train", "per_rank": plan.per_rank}

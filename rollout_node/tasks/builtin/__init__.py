@@ -1,10 +1,13 @@
 """The built-in task sets, on small Python repositories written for spoolrl.
 
-Two sets, selected by ``tasks.source`` (names in :data:`hpc.config.tasks.BUILTIN_TASK_SETS`):
+The sets, selected by ``tasks.source`` (names in :data:`hpc.config.tasks.BUILTIN_TASK_SETS`):
 - ``builtin``: 16 bug fixes in four repositories (``tasks.jsonl``, from ``spec.py``): real bugs that
   a capable model can fix and a tiny random one cannot (its reward stays 0).
 - ``builtin-pick``: the learnable family (``pick.jsonl``, from ``pick.py``): set one value of the
   ``summary`` repository to the one of four that the statement names. The demo trains on it.
+- ``builtin-lookup``, ``builtin-lookup-heldout``, ``builtin-lookup-warm``: three disjoint sets (64, 32,
+  32; ``lookup*.jsonl``, from ``lookup.py``) whose answer is only in a tool observation: copy a setting's
+  value from its file in the ``lookup`` repository into the code (``scripts/bench_learning_real.py``).
 
 Guarantees:
 - ``repos/<name>/`` holds each repository as plain files (no ``.git``); :func:`ensure_builtin_repos`

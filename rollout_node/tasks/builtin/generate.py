@@ -1,7 +1,8 @@
 """Regenerate the built-in task files from their specs and the packaged repositories (deterministic).
 
 ``tasks.jsonl`` (``tasks.source: builtin``, the bug fixes) comes from ``spec.py``; ``pick.jsonl``
-(``tasks.source: builtin-pick``, the learnable family) from ``pick.py``. Run
+(``tasks.source: builtin-pick``, the learnable family) from ``pick.py``; the ``lookup*.jsonl`` sets and the
+``lookup`` repository's ``settings/`` files (``builtin-lookup*``) from ``lookup.py``. Run
 ``python -m rollout_node.tasks.builtin.generate`` after editing a repository or a spec; add
 ``--check`` to only verify that the committed files are up to date (exit 1 if not).
 """
@@ -15,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rollout_node.tasks.builtin import OWNER, PICK_JSONL, REPOS_DIR, TASKS_JSONL
+from rollout_node.tasks.builtin import HERE, OWNER, PICK_JSONL, REPOS_DIR, TASKS_JSONL
+from rollout_node.tasks.builtin.lookup import SETS, lookup_specs, setting_files
 from rollout_node.tasks.builtin.pick import pick_specs
 from rollout_node.tasks.builtin.spec import SPECS, Edit, Spec
 from rollout_node.tasks.repos import ensure_mirror, run_git
@@ -78,12 +80,36 @@ def render(specs: tuple[Spec, ...] = SPECS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sync_setting_files(check: bool) -> bool:
+    """Make ``repos/lookup/settings/`` hold exactly :func:`setting_files` (``check``: only compare); True if it did."""
+    root = REPOS_DIR / "lookup"
+    want = setting_files()
+    have = {str(p.relative_to(root)): p.read_text() for p in sorted((root / "settings").glob("*"))}
+    if have == want or check:
+        return have == want
+    for rel in set(have) - set(want):
+        (root / rel).unlink()
+    (root / "settings").mkdir(exist_ok=True)
+    for rel, text in want.items():
+        (root / rel).write_text(text)
+    return True
+
+
+def task_files() -> list[tuple[Path, tuple[Spec, ...]]]:
+    """Every generated task file with its specs."""
+    return [(TASKS_JSONL, SPECS), (PICK_JSONL, pick_specs()),
+            *((HERE / file, lookup_specs(name)) for name, (file, _) in SETS.items())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="only check that tasks.jsonl is up to date")
     args = parser.parse_args(argv)
     stale = 0
-    for path, specs in ((TASKS_JSONL, SPECS), (PICK_JSONL, pick_specs())):
+    if not sync_setting_files(args.check):
+        print("repos/lookup/settings/ is stale: regenerate it", file=sys.stderr)
+        stale += 1
+    for path, specs in task_files():
         text = render(specs)
         if args.check:
             ok = path.exists() and path.read_text() == text

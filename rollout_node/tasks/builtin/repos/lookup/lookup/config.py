@@ -1,0 +1,3 @@
+"""The value of the setting this package uses (copied from its file in settings/)."""
+
+VALUE = "unset"

