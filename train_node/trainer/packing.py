@@ -166,18 +166,17 @@ def plan_step(samples: list[Sample], world: int, micro_batch_tokens: int) -> Pla
 
 
 def split_minibatches(samples: list[Sample], k: int) -> list[list[Sample]]:
-    """At most ``k`` minibatches, balanced by loss tokens (longest first onto the lightest), then by tokens;
-    minibatches that would hold no loss token are not made (fewer samples with loss tokens than ``k``)."""
-    with_loss = [s for s in samples if s.num_loss_tokens > 0]
-    parts: list[list[Sample]] = [[] for _ in range(max(1, min(k, len(with_loss))))]
-    loads = [(0, 0)] * len(parts)
-    order = sorted(range(len(samples)), key=lambda i: (-samples[i].num_loss_tokens, -samples[i].num_tokens, i))
-    for i in order:
-        s = samples[i]
-        m = min(range(len(parts)), key=lambda j: (loads[j], j))
-        parts[m].append(s)
-        loads[m] = (loads[m][0] + s.num_loss_tokens, loads[m][1] + s.num_tokens)
-    return parts
+    """At most ``k`` minibatches, balanced by loss tokens (longest first onto the lightest), then by tokens, each
+    in the samples' order; minibatches that would hold no loss token are not made (fewer samples with loss
+    tokens than ``k``)."""
+    n_parts = max(1, min(k, sum(1 for s in samples if s.num_loss_tokens > 0)))
+    loads = [(0, 0)] * n_parts
+    part_of = [0] * len(samples)
+    for i in sorted(range(len(samples)), key=lambda i: (-samples[i].num_loss_tokens, -samples[i].num_tokens, i)):
+        m = min(range(n_parts), key=lambda j: (loads[j], j))
+        part_of[i] = m
+        loads[m] = (loads[m][0] + samples[i].num_loss_tokens, loads[m][1] + samples[i].num_tokens)
+    return [[s for s, m in zip(samples, part_of, strict=True) if m == j] for j in range(n_parts)]
 
 
 def plan_minibatches(samples: list[Sample], k: int, world: int, micro_batch_tokens: int) -> list[Plan]:
