@@ -243,9 +243,10 @@ class GuardedAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        grad_ok = self.norm_finite and all(bool(torch.isfinite(g).all()) for g in grads)
-        device = grads[0].device if grads else torch.device("cpu")
-        bad = torch.tensor([float(not self.loss_finite), float(not grad_ok)], device=device)
+        device = self.param_groups[0]["params"][0].device  # the backend's device (NCCL needs CUDA tensors)
+        grads_finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else torch.tensor(True)
+        bad = torch.stack([torch.tensor(not self.loss_finite, device=device),
+                           ~grads_finite.to(device) | (not self.norm_finite)]).float()
         tdist.all_reduce(bad, op=tdist.ReduceOp.MAX)
         self.skipped = "loss" if bad[0] > 0 else "grad_norm" if bad[1] > 0 else ""
         return None if self.skipped else super().step(closure)
