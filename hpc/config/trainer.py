@@ -1,4 +1,4 @@
-"""Trainer and algorithm settings: the DeepSpeed engine, checkpoints, publishing and the GRPO/DAPO loss."""
+"""Trainer and algorithm settings: the DeepSpeed engine, checkpoints, publishing and the policy-gradient loss."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_skipped_steps_publish_nothing_are_counted_and_too_many_in_a_row_stop(tm
     monkeypatch.setattr(engine_module, "policy_loss", _nan_on([True, False, True, True]))
     t = Trainer(paths.root, cfg, Options(max_idle_s=20.0), dist=single_process_env())
     t.setup()
-    with pytest.raises(NonFiniteError, match=r"2 steps in a row .*trainer.max_nonfinite_steps = 2"):
+    with pytest.raises(NonFiniteError, match=r"2 steps in a row .*trainer.max_nonfinite_steps = 2\)"):
         t.run()
     steps = list(read_metrics(paths.root, "train_step"))
     assert [(s["step"], s["nonfinite_steps"]) for s in steps] == [(1, 1)]

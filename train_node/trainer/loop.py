@@ -297,7 +297,12 @@ class Trainer:
         self._count_nonfinite(result)
         if result.updates == 0:
             self._skip_step(result)
-            return result
+        else:
+            self._finish_step(result)
+        self._stop_if_nonfinite(result)
+        return result
+
+    def _finish_step(self, result: StepResult) -> None:
         self.step += 1
         self.counters.tokens += result.tokens
         published = None
@@ -310,10 +315,9 @@ class Trainer:
             self._log_step(result, batch, plans, waited, published)
         if self.step % self.cfg.trainer.checkpoint_every == 0:
             self.checkpoint()
-        return result
 
     def _count_nonfinite(self, result: StepResult) -> None:
-        """Every rank (the guard's verdict is all-reduced): count the step; too many in a row stop the run."""
+        """Every rank (the guard's verdict is all-reduced): count a step with a skipped update."""
         if not result.nonfinite:
             self.counters.nonfinite_in_row = 0
             return
@@ -330,12 +334,16 @@ class Trainer:
             self.metrics.log("nonfinite_step", step=self.step, nonfinite=result.nonfinite,
                              nonfinite_steps=self.nonfinite_steps, in_a_row=self.counters.nonfinite_in_row,
                              samples=len(batch.samples), task_ids=batch.task_ids)
+
+    def _stop_if_nonfinite(self, result: StepResult) -> None:
+        """Every rank: ``trainer.max_nonfinite_steps`` steps in a row with a skipped update stop the trainer."""
         limit = self.cfg.trainer.max_nonfinite_steps
         if self.counters.nonfinite_in_row >= limit:
             message = (f"{self.counters.nonfinite_in_row} steps in a row had a non-finite {result.nonfinite} on some "
-                       f"rank (trainer.max_nonfinite_steps = {limit}); none was applied or published, and their "
-                       f"batches were dropped (reason 'nonfinite'). Look for corrupt trajectories or a diverging "
-                       f"policy (lower trainer.lr, check algorithm.kl_coef) and resume from the last checkpoint")
+                       f"rank (trainer.max_nonfinite_steps = {limit}); no such update was applied or published, and "
+                       f"the batches of steps that applied nothing were dropped (reason 'nonfinite'). Look for corrupt "
+                       f"trajectories or a diverging policy (lower trainer.lr, check algorithm.kl_coef) and resume "
+                       f"from the last checkpoint")
             if self.rank == 0:
                 self.metrics.log("trainer_stop", step=self.step, reason="nonfinite", exit_code=NonFiniteError.exit_code,
                                  nonfinite_steps=self.nonfinite_steps, error=message)
