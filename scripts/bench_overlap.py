@@ -339,7 +339,10 @@ def _counter(hist: dict[str, int] | None) -> Any:
     return Counter({str(k): int(v) for k, v in (hist or {}).items()})
 
 
-def _cell_child(shape_json: dict[str, Any], ratio: float, max_staleness: int, out: Any) -> None:
+def _cell_child(shape_json: dict[str, Any], ratio: float, max_staleness: int, port: int, out: Any) -> None:
+    import os
+
+    os.environ["MASTER_PORT"] = str(port)  # the parent's pick, distinct from its running siblings' ports
     try:
         out.put(("ok", run_cell(Shape(**shape_json), ratio, max_staleness)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the bench
@@ -370,16 +373,23 @@ def _next_result(queue: Any, running: list[Any]) -> tuple[str, Any]:
 def run_cells(shape: Shape, cells: list[tuple[float, int]], parallel: int) -> list[dict[str, Any]]:
     """Every cell in its own process (torch.distributed is per process), at most ``parallel`` at a time, the
     longest first; each is printed as it ends. Returned in the order of ``cells``."""
+    from train_node.trainer.dist_env import free_port
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    ports: dict[Any, int] = {}
     todo = sorted(cells, key=lambda c: -cell_estimate_s(shape, *c))
     running: list[Any] = []
     results: list[dict[str, Any]] = []
     while todo or running:
         while todo and len(running) < parallel:
             ratio, staleness = todo.pop(0)
-            proc = ctx.Process(target=_cell_child, args=(asdict(shape), ratio, staleness, queue))
+            port = free_port()
+            while port in ports.values():  # two cells picking "a free port" at once may get the same one
+                port = free_port()
+            proc = ctx.Process(target=_cell_child, args=(asdict(shape), ratio, staleness, port, queue))
             proc.start()
+            ports[proc] = port
             running.append(proc)
         kind, msg = _next_result(queue, running)
         if kind == "error":
@@ -393,6 +403,7 @@ def run_cells(shape: Shape, cells: list[tuple[float, int]], parallel: int) -> li
             time.sleep(0.05)  # the cell that sent this result is exiting
         done.join()
         running.remove(done)
+        ports.pop(done)
     order = {c: k for k, c in enumerate(cells)}
     return sorted(results, key=lambda c: order[(c["ratio"], c["max_staleness"])])
 

@@ -83,7 +83,7 @@ def test_demo_interrupt_resume_and_report(tmp_path: Path) -> None:
     assert json.loads((run / "summary.json").read_text()) == summary
     # per-role logs where the README says: each role's output in RUN/logs/<role>/, the trainer's included
     for role in ("train", "infer", "rollout"):
-        assert any(f.stat().st_size > 0 for f in (run / "logs" / role).glob("*_log.err")), role
+        assert any(f.stat().st_size > 0 for f in (run / "logs" / role).glob("*_log.*")), role
     assert not (run / "slurm" / "demo").exists(), "no stray RUN/slurm/demo/%j directory"
     status = subprocess.run([*SPOOLRL, "status", str(run), "--once"], capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "finished: step 6/6; started " in status.stdout, status.stdout + status.stderr

@@ -98,4 +98,4 @@ def test_an_edited_embedded_config_is_refused(tmp_path: Path) -> None:
     assert "  total_steps: 4\n" in script
     out = _check_run_config(script.replace("  total_steps: 4\n", "  total_steps: 5\n"))
     assert out.returncode == 2 and "edited" in out.stderr, out.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run" / "run.yaml").exists()  # no run (render made only logs/, for sbatch's --output)

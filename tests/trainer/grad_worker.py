@@ -1,12 +1,14 @@
 """Gradient of one train step (run by test_grad_exact.py: alone, or under torchrun with 2 ranks).
 
-Usage: grad_worker.py MODEL_DIR OUT.pt MICRO_BATCH_TOKENS. Builds the step's samples from a fixed
+Usage: grad_worker.py MODEL_DIR OUT.pt MICRO_BATCH_TOKENS [GUARD_OUT]. Builds the step's samples from a fixed
 seed, plans them for this world size, runs ``Engine.train_step`` and captures the gradients the
-optimizer receives (after DeepSpeed's data-parallel reduction) by wrapping its ``step``.
+optimizer receives (after DeepSpeed's data-parallel reduction) by wrapping its ``step``. With GUARD_OUT,
+the same engine then runs :func:`nonfinite_worker.guard_sequence` and each rank writes GUARD_OUT.RANK.json.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from train_node.trainer.dist_env import resolve  # noqa: E402
 from train_node.trainer.engine import Engine, init_distributed, load_model  # noqa: E402
 from train_node.trainer.packing import Sample, plan_step  # noqa: E402
 from trainer.helpers import run_config  # noqa: E402
+from trainer.nonfinite_worker import guard_sequence  # noqa: E402
 
 
 def samples() -> list[Sample]:
@@ -57,6 +60,10 @@ def main() -> None:
     if engine.rank == 0:
         torch.save({"grads": captured, "loss": result.sums.loss, "tokens": result.sums.tokens,
                     "micro_batches": [len(m) for m in plan.per_rank]}, out)
+    opt.step = original
+    if len(sys.argv) > 4:
+        log = guard_sequence(engine, lambda: plan_step(samples(), engine.world, mbt).per_rank[engine.rank])
+        Path(f"{sys.argv[4]}.{engine.rank}.json").write_text(json.dumps(log))
     # Tear gloo down before the interpreter does: a rank that exits with the group alive can abort
     # in gloo's destructor ("terminate called without an active exception", seen once in CI).
     torch.distributed.barrier()

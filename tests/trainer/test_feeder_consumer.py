@@ -164,15 +164,16 @@ def test_consumer_refuses_what_the_trainer_cannot_reproduce(tmp_path: Path) -> N
 
 
 def test_truncated_and_timeout_are_scored_or_masked(tmp_path: Path) -> None:
-    """'mask' keeps the sample's reward in the group baseline but trains none of its tokens."""
+    """'mask' keeps the sample's reward in the group baseline but trains none of its tokens. By default both are
+    scored: a timeout is the agent's own commands' doing (inference wait is off the clock)."""
     rng = np.random.default_rng(2)
     group = make_group("g@e0", [1.0, 0.0, 0.0], rng)
     group = [group[0], _restamp([group[1]], status="timeout")[0], _restamp([group[2]], status="truncated")[0]]
     write_groups(tmp_path, [group])
     outcomes = {}
     for name, acfg in {"mask": AlgorithmConfig(group_size=3, groups_per_step=1, timeout="mask", truncated="mask"),
-                       "score": AlgorithmConfig(group_size=3, groups_per_step=1, timeout="score", truncated="score")
-                       }.items():
+                       "score": AlgorithmConfig(group_size=3, groups_per_step=1, timeout="score", truncated="score"),
+                       "default": AlgorithmConfig(group_size=3, groups_per_step=1)}.items():
         spool = Spool(tmp_path)
         spool.fence(name)
         c = Consumer(spool, name, acfg, max_seq_len=1000)
@@ -187,3 +188,4 @@ def test_truncated_and_timeout_are_scored_or_masked(tmp_path: Path) -> None:
     assert adv_mask == adv_score and adv_mask[0] > 0 > adv_mask[1]  # same baseline either way
     assert masked == 2 and tokens_mask[1:] == [0, 0] and tokens_mask[0] > 0
     assert all(n > 0 for n in tokens_score)
+    assert outcomes["default"] == outcomes["score"]

@@ -9,10 +9,12 @@ import torch
 
 from hpc.config import AlgorithmConfig
 from train_node.trainer.loss import (
+    K3_MAX,
     LossParams,
     batch_advantages,
     forward_kl,
     group_advantages,
+    k3,
     policy_loss,
     token_logprobs,
 )
@@ -87,24 +89,61 @@ def test_kl_penalty_k3():
     assert float(loss) == pytest.approx(0.1 * k3)
 
 
-def test_forward_kl_is_exact_and_pulls_back_an_abandoned_token():
-    """KL(ref || pi) over the vocabulary: exact, zero at the reference, and its gradient on a token the
-    policy gave up is (p - p_ref) / T, while k3 on the sampled token barely moves that token at all."""
+def test_forward_kl_is_exact_and_is_the_expected_k3_gradient_without_its_variance():
+    """KL(ref || pi) over the vocabulary: exact, zero at the reference, gradient (p - p_ref) / T on the logits.
+    k3 on a sampled token has the same gradient in expectation over the policy's samples; one sample's
+    gradient on a rare token is ~0 unless that token is the one sampled, when it is large: variance."""
     inv_t = torch.tensor([1 / 0.7], dtype=torch.float64)
     ref = torch.zeros(1, 4, dtype=torch.float64)  # uniform
-    logits = torch.tensor([[9.0, 0.0, -9.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    logits = torch.tensor([[1.0, 0.0, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)  # k3 below its cap
     kl = forward_kl(logits, ref, inv_t)
     p = torch.softmax(logits.detach() * inv_t, -1)
     assert float(kl) == pytest.approx(float((0.25 * (math.log(0.25) - torch.log(p))).sum()))
     assert float(forward_kl(ref, ref, inv_t)) == pytest.approx(0.0, abs=1e-12)
     kl.sum().backward()
-    assert logits.grad[0].tolist() == pytest.approx(((p - 0.25) * inv_t)[0].tolist())
-    assert float(logits.grad[0, 2]) < -0.3  # token 2 (p ~ 1e-11) is pulled back
-    # k3 on the sampled token (0, the policy's mode): the pull on token 2 vanishes with its probability
-    z = logits.detach().clone().requires_grad_(True)
-    d = token_logprobs(ref, torch.tensor([0]), inv_t) - token_logprobs(z, torch.tensor([0]), inv_t)
-    (torch.exp(d) - d - 1).sum().backward()
-    assert abs(float(z.grad[0, 2])) < 1e-9
+    exact = logits.grad[0]
+    assert exact.tolist() == pytest.approx(((p - 0.25) * inv_t)[0].tolist())
+
+    def k3_grad(token: int) -> torch.Tensor:
+        z = logits.detach().clone().requires_grad_(True)
+        target = torch.tensor([token])
+        k3(token_logprobs(z, target, inv_t), token_logprobs(ref, target, inv_t)).sum().backward()
+        return z.grad[0]
+
+    per_sample = [k3_grad(x) for x in range(4)]
+    expected = sum(float(p[0, x]) * g for x, g in enumerate(per_sample))
+    assert expected.tolist() == pytest.approx(exact.tolist(), abs=1e-6)  # token_logprobs works in fp32
+    # the rare token 2 (p = 0.04): -0.30 exactly, but -0.03 from the likely sample and -7.8 from its own
+    assert abs(float(per_sample[0][2])) < 0.05 and float(per_sample[2][2]) < -5.0
+
+
+def test_k3_is_clamped_as_verl_and_openrlhf_do():
+    """A token the policy has left far behind the reference (a stale sample) gives k3 = exp(d) - d - 1 with
+    d ~ 100: inf in fp32 unclamped. Clamped (d to +-20, the value to 10), the term and the gradient are finite."""
+    logp = torch.tensor([-100.0, math.log(0.5)], requires_grad=True)
+    ref = torch.tensor([math.log(0.25), math.log(0.25)])
+    zero, one = torch.zeros(2), torch.ones(2)
+    loss, sums = policy_loss(logp, logp.detach().clone(), zero, one, params=LossParams(kl_coef=0.1), total_tokens=2,
+                             ref_logp=ref)
+    loss.backward()
+    assert math.isfinite(float(loss)) and bool(torch.isfinite(logp.grad).all())
+    assert sums.kl == pytest.approx(K3_MAX + (0.5 + math.log(2) - 1), rel=1e-5)  # the far token at the cap
+    # the lower side: d clamped to -20, exp(-20) + 20 - 1 = 19.0000..., then capped at 10
+    assert float(k3(torch.tensor([5.0]), torch.tensor([-100.0]))) == pytest.approx(K3_MAX)
+    assert float(k3(torch.tensor([0.0]), torch.tensor([0.0]))) == 0.0
+
+
+def test_the_clip_binds_against_a_proximal_policy_other_than_the_current_one():
+    """algorithm.minibatches > 1: pi_prox is the weights before the step's first update, so a later update
+    sees pi / pi_prox != 1 and the PPO clip zeroes the gradient of tokens already moved past it."""
+    logp = torch.tensor([math.log(1.5), math.log(1.1), math.log(0.5)], dtype=torch.float64, requires_grad=True)
+    prox = torch.zeros(3, dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+    loss, sums = policy_loss(logp, prox.clone(), adv, torch.ones(3, dtype=torch.float64), params=P, total_tokens=3,
+                             prox_logp=prox)
+    loss.backward()
+    assert sums.clipped == 2  # 1.5 > 1 + 0.28 with A > 0; 0.5 < 1 - 0.2 with A < 0
+    assert logp.grad.tolist() == pytest.approx([0.0, -1.1 / 3, 0.0])
 
 
 def test_policy_loss_takes_the_forward_kl_when_asked():

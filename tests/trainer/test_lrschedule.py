@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from train_node.trainer.lrschedule import FACTOR, MIN_SCALE, START_SCALE, LrSchedule, apply_now, sequence_kl
+from train_node.trainer.lrschedule import (
+    FACTOR,
+    MIN_SCALE,
+    START_SCALE,
+    LrSchedule,
+    apply_now,
+    kl_totals,
+    mean_token_kl,
+    sequence_kl,
+)
 
 
 def test_off_is_the_warmup_alone() -> None:
@@ -54,3 +63,36 @@ def test_sequence_kl_is_the_k3_sum_over_loss_tokens() -> None:
     r = 0.5  # the first token's ratio; the second is unchanged, the third is not a loss token
     assert float(sequence_kl(old, new, mask)) == pytest.approx(r - 1 - math.log(r))
     assert float(sequence_kl(old, old, mask)) == 0.0
+
+
+def _step_kl(length: int, shift: float, masked: int = 2) -> float:
+    """The engine's reduction (kl_totals summed, then mean_token_kl) over 8 samples of ``length`` loss tokens,
+    each token's logprob moved by +-``shift``, plus ``masked`` samples trained with no loss tokens."""
+    gen = torch.Generator().manual_seed(length)
+    totals = torch.zeros(3, dtype=torch.float64)
+    for i in range(8 + masked):
+        old = -torch.rand(length, generator=gen, dtype=torch.float64) * 5
+        sign = torch.randint(0, 2, (length,), generator=gen).double() * 2 - 1
+        mask = torch.full((length,), 0.0 if i >= 8 else 1.0, dtype=torch.float64)
+        totals += kl_totals(old, old + shift * sign, mask, torch.ones(length, dtype=torch.float64))
+    kl, signal = mean_token_kl(totals)
+    assert signal
+    return kl
+
+
+@pytest.mark.parametrize("length", [40, 10_000])
+def test_the_target_is_per_loss_token_for_short_and_long_trajectories(length: int) -> None:
+    """trainer.target_kl in nats per loss token (the demo's 6e-4): the same per-token movement reads the same
+    for 40-token and 10,000-token trajectories, masked samples do not dilute it, and the controller makes the
+    same decisions. (Per sample, a 10,000-token trajectory moving 4e-4 per token reads 4 nats and the lr falls
+    to its floor.)"""
+    shift = math.sqrt(2 * 4e-4)  # k3(r) ~ (log r)^2 / 2 = 4e-4 per token
+    kl = _step_kl(length, shift)
+    assert kl == pytest.approx(4e-4, rel=0.02)
+    assert kl == pytest.approx(_step_kl(length, shift, masked=0), rel=1e-12)
+    target = 6e-4
+    for kl_per_token, final in ((4e-4, START_SCALE), (1e-4, 1.0), (5e-3, MIN_SCALE)):
+        s = LrSchedule(warmup_steps=0, target_kl=target)
+        for _ in range(30):
+            s.observe(_step_kl(length, math.sqrt(2 * kl_per_token)))
+        assert s.scale == pytest.approx(final), (length, kl_per_token)

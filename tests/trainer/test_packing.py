@@ -85,3 +85,21 @@ def test_packed_forward_equals_separate_forwards() -> None:
             got = packed[start:start + s.num_tokens]
             assert torch.allclose(got, alone, atol=1e-5), (s.trajectory_id, float((got - alone).abs().max()))
             start += s.num_tokens
+
+
+def test_minibatches_split_every_sample_once_each_with_loss_tokens() -> None:
+    """algorithm.minibatches: balanced by loss tokens; a sample without loss tokens never makes a minibatch of its
+    own; k above the samples that have loss tokens gives one minibatch per such sample."""
+    from train_node.trainer.packing import plan_minibatches, split_minibatches
+
+    samples = _samples(11, seed=4)
+    masked = Sample("masked", np.arange(3, 20, dtype=np.int32), np.zeros(17, dtype=np.int8),
+                    np.zeros(17, dtype=np.float32), 0.5)
+    parts = split_minibatches([*samples, masked], 3)
+    assert len(parts) == 3 and all(sum(s.num_loss_tokens for s in p) > 0 for p in parts)
+    assert sorted(s.trajectory_id for p in parts for s in p) == sorted([s.trajectory_id for s in samples] + ["masked"])
+    loads = [sum(s.num_loss_tokens for s in p) for p in parts]
+    assert max(loads) - min(loads) <= max(s.num_loss_tokens for s in samples)
+    assert len(split_minibatches([samples[0], masked], 4)) == 1
+    assert [len(p.per_rank) for p in plan_minibatches(samples, 2, 2, 128)] == [2, 2]
+    assert split_minibatches(samples, 1) == [samples]

@@ -240,3 +240,30 @@ def test_trainable_layers_trains_only_the_top_blocks_and_the_head(tmp_path: Path
     assert below and all(torch.equal(initial[k], after[k]) for k in below)
     assert not torch.equal(initial["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
     assert any(not torch.equal(initial[k], after[k]) for k in initial if k.startswith("model.layers.1."))
+
+
+def test_minibatches_make_several_updates_per_step_and_the_clip_binds_only_then(tmp_path: Path) -> None:
+    """algorithm.minibatches: the same batch and weights, one update (the proximal policy is the current one:
+    the PPO clip never binds) against 4 updates against the weights before the first (from the second update on,
+    tokens the earlier updates moved past the clip are clipped). One version is published per step either way."""
+    records = {}
+    for k in (1, 4):
+        cfg = run_config(trainer={"total_steps": 1, "checkpoint_every": 10, "lr": 5e-2},
+                         algorithm={"minibatches": k})
+        paths = make_run(tmp_path / f"run{k}", cfg)
+        write_groups(paths.root, standard_groups(2))
+        assert _trainer(paths.root, cfg).run() == 0
+        [records[k]] = list(read_metrics(paths.root, "train_step"))
+        assert paths.policy_latest.read_text().strip() == "1"
+    assert (records[1]["minibatches"], records[1]["updates"], records[1]["clip_fraction"]) == (1, 1, 0.0)
+    assert (records[4]["minibatches"], records[4]["updates"]) == (4, 4)
+    assert records[4]["clip_fraction"] > 0
+    assert records[1]["loss_tokens"] == records[4]["loss_tokens"], "every sample trained once"
+
+
+def test_minibatches_beyond_the_samples_of_a_step_are_refused() -> None:
+    from hpc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm\.minibatches: 9 exceeds the samples of a step"):
+        run_config(algorithm={"minibatches": 9})  # group_size 4 x groups_per_step 2
+    assert run_config(algorithm={"minibatches": 8}).algorithm.minibatches == 8

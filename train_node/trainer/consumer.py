@@ -4,7 +4,8 @@ Guarantees (exactly-once accounting):
 - Every row of every claimed shard gets exactly one outcome in the ledger: ``trained`` (with the
   step) or ``dropped`` (with a reason: ``duplicate_task``, ``zero_variance``, ``stale``,
   ``discarded_lineage``, ``logprob_kind:KIND``, ``sampling:unsupported``, ``too_long``, ``no_reward``,
-  ``singleton``, ``all_masked``, or the trajectory's non-trainable status such as ``sandbox_error``).
+  ``singleton``, ``all_masked``, ``nonfinite`` (a whole batch whose step the non-finite guard skipped), or
+  the trajectory's non-trainable status such as ``sandbox_error``).
   Rows the spool itself dropped as duplicates are entered too.
 - Only what the trainer can reproduce is trained (``hpc.trajectory.training_refusal``): behaviour
   logprobs of kind ``processed`` drawn at a temperature > 0 from the full softmax.
@@ -297,6 +298,12 @@ class Consumer:
                 sid = batch.shard_of[t.trajectory_id]
                 self._resolve(sid, t.trajectory_id, t.task_id, "trained", step=step)
                 self._maybe_cover(sid)
+
+    def drop_batch(self, batch: Batch, reason: str) -> None:
+        """A batch that will not be trained (its step applied nothing): every group dropped as a whole."""
+        for group in batch.groups:
+            self.inflight.discard(group[0].task_id)
+            self._drop_group([(batch.shard_of[t.trajectory_id], t) for t in group], reason, group[0].task_id)
 
     # ------------------------------------------------------------------ checkpoint hand-off
     def buffered_groups(self) -> int:

@@ -1,12 +1,19 @@
 """The DeepSpeed engine: configuration from ``run.yaml``, one optimizer step over packed micro-batches.
 
 Guarantees:
-- One ``train_step`` = one optimizer update, whatever the number of micro-batches: DeepSpeed runs with
-  ``managed_gradient_accumulation: false`` (backward only accumulates, ``step()`` is the boundary), so
-  the micro-batch count may differ from step to step (token-based packing).
-- Gradients equal those of the token-mean loss over the whole step: each micro-batch loss is divided
-  by the step's global loss-token count (all-reduced) and multiplied by the world size, which undoes
-  DeepSpeed's data-parallel gradient averaging.
+- One ``train_step`` = one optimizer update per minibatch (``algorithm.minibatches``, 1 by default),
+  whatever the number of micro-batches: DeepSpeed runs with ``managed_gradient_accumulation: false``
+  (backward only accumulates, ``step()`` is the boundary), so the micro-batch count may differ from
+  step to step (token-based packing). With several minibatches the proximal logprobs come from one
+  forward pass over the whole batch before the first update.
+- Gradients equal those of the token-mean loss over the update's tokens: each micro-batch loss is
+  divided by the minibatch's global loss-token count (all-reduced) and multiplied by the world size,
+  which undoes DeepSpeed's data-parallel gradient averaging.
+- Non-finite guard: an update whose loss or gradient is NaN or infinite on any rank applies nothing on
+  every rank (the optimizer, its state and the lr schedule stay as they were; the flag is all-reduced
+  inside the optimizer's step, after DeepSpeed's reduction and clipping, and DeepSpeed's own overflow
+  skip under ZeRO-1/2 counts too). The step then stops (:attr:`StepResult.nonfinite`); the trainer
+  publishes nothing for it.
 - The optimizer is a client ``torch.optim.AdamW`` (no JIT build of DeepSpeed's fused Adam) and the
   schedule a client ``LambdaLR`` (linear warm-up, then constant); both are saved in checkpoints.
 - CPU (tests, demo): gloo, fp32; GPU: NCCL, bf16. fp16 is refused by the config already.
@@ -17,6 +24,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -28,11 +36,12 @@ import torch.distributed as tdist
 import torch.utils.checkpoint
 
 from hpc.config import AlgorithmConfig, TrainerConfig
+from hpc.errors import SpoolrlError
 from train_node.trainer.dist_env import DistEnv
 from train_node.trainer.faults import fault_point
 from train_node.trainer.layers import train_top_layers
 from train_node.trainer.loss import LossParams, LossSums, forward_kl, policy_loss, token_logprobs
-from train_node.trainer.lrschedule import LrSchedule, apply_now, sequence_kl
+from train_node.trainer.lrschedule import LrSchedule, apply_now, kl_totals, mean_token_kl
 from train_node.trainer.packing import MicroBatch
 
 
@@ -205,14 +214,52 @@ def _fp32_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 HEAD_CHUNK_TOKENS = 1024
 
 
+class NonFiniteError(SpoolrlError):
+    """``trainer.max_nonfinite_steps`` steps in a row had a NaN or infinite loss or gradient norm."""
+
+
 @dataclass
 class StepResult:
     sums: LossSums
-    grad_norm: float | None  # None: not computed (grad_clip 0 at ZeRO-0 fp32); never NaN
-    lr: float  # the lr this step trained with
+    grad_norm: float | None  # None: not computed (grad_clip 0 at ZeRO-0 fp32); non-finite only with nonfinite
+    lr: float  # the lr of the step's first update
     tokens: int
     seconds: float
-    step_kl: float | None = None  # mean per-sample KL(before || after the step); None without trainer.target_kl
+    step_kl: float | None = None  # KL(before || after the step) per loss token; None without trainer.target_kl
+    updates: int = 1  # optimizer updates applied (algorithm.minibatches unless one was non-finite)
+    nonfinite: str = ""  # '': every update applied; else what was NaN/inf on some rank ('loss', 'grad_norm')
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """The client optimizer with the non-finite guard: :meth:`step` all-reduces whether any rank saw a
+    non-finite loss (``loss_finite``, set by the engine before each update) or gradient, and applies
+    nothing when one did. DeepSpeed calls it on every rank after its reduction and clipping (or, on its
+    own overflow skip under ZeRO-1/2, on none), so the collective is matched."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.loss_finite = True
+        self.norm_finite = True  # ZeRO-0 fp32: the clipping's norm (an overflowed norm with finite grads)
+        self.skipped = ""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device = self.param_groups[0]["params"][0].device  # the backend's device (NCCL needs CUDA tensors)
+        grads_finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else torch.tensor(True)
+        bad = torch.stack([torch.tensor(not self.loss_finite, device=device),
+                           ~grads_finite.to(device) | (not self.norm_finite)]).float()
+        tdist.all_reduce(bad, op=tdist.ReduceOp.MAX)
+        self.skipped = "loss" if bad[0] > 0 else "grad_norm" if bad[1] > 0 else ""
+        return None if self.skipped else super().step(closure)
+
+
+@dataclass
+class _Update:
+    sums: LossSums
+    lr: float
+    nonfinite: str
+    before: list[tuple[dict[str, torch.Tensor], torch.Tensor]]  # (tensors, logprobs before the step) per micro-batch
 
 
 class Engine:
@@ -227,8 +274,9 @@ class Engine:
         train_top_layers(model, tcfg.trainable_layers)
         if tcfg.freeze_embeddings:
             freeze_embeddings(model)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr,
-                                      weight_decay=tcfg.weight_decay)
+        self.guard = GuardedAdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr,
+                                  weight_decay=tcfg.weight_decay)
+        optimizer = self.guard
         self.schedule = LrSchedule(tcfg.warmup_steps, tcfg.target_kl)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -249,6 +297,7 @@ class Engine:
 
         norm = clip_grad_norm_(parameters=self.ds.module.parameters(), max_norm=self.tcfg.grad_clip, mpu=self.ds.mpu)
         self._z0_grad_norm = float(norm)
+        self.guard.norm_finite = math.isfinite(self._z0_grad_norm)
 
     def _grad_norm(self) -> float | None:
         """The global gradient norm of the step (before clipping); None only without clipping at ZeRO-0."""
@@ -306,55 +355,86 @@ class Engine:
         tdist.all_reduce(local)
         return float(local.item())
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> StepResult:
-        """Forward/backward every micro-batch, then one optimizer step; stats are summed over ranks."""
+    def train_step(self, *minibatches: list[MicroBatch]) -> StepResult:
+        """One optimizer update per minibatch (this rank's micro-batches of each); stats are summed over
+        ranks. The step stops at the first update the non-finite guard skips."""
         t0 = time.perf_counter()
-        total = self.global_loss_tokens(micro_batches)
-        assert total > 0, "the planner never emits a step without loss tokens"
-        sums = LossSums()
         self.ds.train()
-        # each micro-batch's tensors and the policy's logprobs on them before the step (trainer.target_kl)
+        tensors = [[self._tensors(mb) for mb in mbs] for mbs in minibatches]
+        prox: list[list[torch.Tensor | None]] = (self._proximal(tensors) if len(tensors) > 1
+                                                 else [[None] * len(ts) for ts in tensors])
+        sums, before, lrs, nonfinite = LossSums(), [], [], ""
+        for mbs, ts, px in zip(minibatches, tensors, prox, strict=True):
+            update = self._update(mbs, ts, px)
+            lrs.append(update.lr)
+            if update.nonfinite:  # its sums are not finite and not the policy's: they stay out of the stats
+                nonfinite = update.nonfinite
+                break
+            sums.add(update.sums)
+            before.extend(update.before)
+        updates = len(lrs) - int(bool(nonfinite))
+        step_kl = None
+        if self.schedule.target_kl > 0 and not nonfinite:
+            step_kl, signal = self._step_kl(before)
+            if signal:  # a step with no policy-gradient signal says nothing of the lr a real one can take
+                self.schedule.observe(step_kl)
+                apply_now(self.scheduler, self.schedule)
+        return StepResult(sums=self._all_reduce_sums(sums), grad_norm=self._grad_norm(), lr=lrs[0],
+                          tokens=sum(mb.num_tokens for mbs in minibatches for mb in mbs),
+                          seconds=time.perf_counter() - t0, step_kl=step_kl, updates=updates, nonfinite=nonfinite)
+
+    def _proximal(self, tensors: list[list[dict[str, torch.Tensor]]]) -> list[list[torch.Tensor | None]]:
+        """The proximal policy's logprobs (the weights before the step's first update) on every micro-batch."""
+        with torch.no_grad():
+            return [[self.logprobs(self.ds, t) for t in ts] for ts in tensors]
+
+    def _update(self, micro_batches: list[MicroBatch], tensors: list[dict[str, torch.Tensor]],
+                prox: list[torch.Tensor | None]) -> _Update:
+        """Forward/backward every micro-batch of one minibatch, then one guarded optimizer step."""
+        total = self.global_loss_tokens(micro_batches)
+        assert total > 0, "the planner never emits a minibatch without loss tokens"
+        sums, finite = LossSums(), True
         before: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
-        for mb in micro_batches:
-            t = self._tensors(mb)
+        for t, px in zip(tensors, prox, strict=True):
             ref, fkl = None, None
             if self._forward_kl:
                 logp, fkl = self.logprobs_and_forward_kl(t)
             else:
                 logp, ref = self.logprobs(self.ds, t), self._ref_logprobs(t)
-            loss, s = policy_loss(logp, t["behaviour"], t["adv"], t["mask"], params=self.params,
-                                  total_tokens=total, ref_logp=ref, staleness=t["staleness"], forward_kl_tokens=fkl)
+            loss, s = policy_loss(logp, t["behaviour"], t["adv"], t["mask"], params=self.params, total_tokens=total,
+                                  ref_logp=ref, staleness=t["staleness"], forward_kl_tokens=fkl, prox_logp=px)
+            finite = finite and bool(torch.isfinite(loss))
             self.ds.backward(loss * self.world, scale_wrt_gas=False)
             sums.add(s)
             if self.schedule.target_kl > 0:
-                before.append((t, logp.detach()))
+                before.append((t, logp.detach() if px is None else px))
         fault_point("step")
-        lr = float(self.scheduler.get_last_lr()[0])  # the lr of this step (ds.step() sets the next one)
-        self.ds.step()
-        summed = self._all_reduce_sums(sums)
-        step_kl = None
-        if self.schedule.target_kl > 0:
-            step_kl, signal = self._step_kl(micro_batches, before)
-            if signal:  # a step with no policy-gradient signal says nothing of the lr a real one can take
-                self.schedule.observe(step_kl)
-                apply_now(self.scheduler, self.schedule)
-        return StepResult(sums=summed, grad_norm=self._grad_norm(), lr=lr,
-                          tokens=sum(mb.num_tokens for mb in micro_batches), seconds=time.perf_counter() - t0,
-                          step_kl=step_kl)
+        lr = float(self.scheduler.get_last_lr()[0])  # the lr of this update (ds.step() sets the next one)
+        return _Update(sums, lr, self._guarded_step(finite), before)
 
-    def _step_kl(self, micro_batches: list[MicroBatch],
-                 before: list[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> tuple[float, bool]:
-        """Collective: (the mean per-sample KL(before || after this step) over the step's samples, whether any
-        loss token had a non-zero advantage), on every rank (one more forward pass over the batch; see
+    def _guarded_step(self, loss_finite: bool) -> str:
+        """``ds.step()`` under the non-finite guard; returns '' when applied, else what was not finite. A skipped
+        update leaves the lr schedule where it was (DeepSpeed advances it unless it saw the overflow itself)."""
+        self.guard.loss_finite, self.guard.norm_finite, self.guard.skipped = loss_finite, True, ""
+        epoch = self.scheduler.last_epoch
+        self.ds.step()
+        norm = self.ds.get_global_grad_norm()
+        skipped = self.guard.skipped or ("grad_norm" if norm is not None and not math.isfinite(float(norm)) else "")
+        if skipped:
+            self.scheduler.last_epoch = epoch
+            apply_now(self.scheduler, self.schedule)
+        return skipped
+
+    def _step_kl(self, before: list[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> tuple[float, bool]:
+        """Collective: (KL(before || after this step) per loss token over the step's batch, whether any loss
+        token had a non-zero advantage), on every rank (one more forward pass over the batch; see
         :mod:`train_node.trainer.lrschedule`)."""
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with torch.no_grad():
-            for mb, (t, old) in zip(micro_batches, before, strict=True):
-                totals[0] += sequence_kl(old, self.logprobs(self.ds, t), t["mask"])
-                totals[1] += len(mb.trajectory_ids)
-                totals[2] += float(((t["adv"] != 0) & (t["mask"] > 0)).sum())
+            for t, old in before:
+                totals += kl_totals(old, self.logprobs(self.ds, t), t["mask"], t["adv"]).to(totals.device)
         tdist.all_reduce(totals)
-        return float(totals[0] / max(float(totals[1]), 1.0)), bool(totals[2] > 0)
+        return mean_token_kl(totals)
 
     @property
     def _forward_kl(self) -> bool:

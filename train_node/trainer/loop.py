@@ -20,12 +20,20 @@ dropped (``discarded_lineage``), never counted as fresh.
 
 Staleness is filtered at the version that will train the batch (:meth:`Trainer.train_version`), so a
 batch prefetched while a step runs is judged against the version that step publishes.
+
+Non-finite steps (:mod:`train_node.trainer.engine`'s guard): a step none of whose updates was applied
+does not count as a step: nothing is published or checkpointed, its batch is dropped (reason
+``nonfinite``), and ``nonfinite_steps`` (in every ``train_step`` record, checkpointed) grows by one.
+``trainer.max_nonfinite_steps`` such steps in a row stop the trainer with :class:`NonFiniteError`. With
+``algorithm.minibatches`` > 1 a non-finite update after applied ones ends the step early; it is
+published and counted as a non-finite step too.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +51,9 @@ from train_node.trainer import signals
 from train_node.trainer.consumer import Batch, Consumer, ConsumerState
 from train_node.trainer.controls import shuffle_rewards, step_rng
 from train_node.trainer.dist_env import DistEnv, resolve
-from train_node.trainer.engine import Engine, StepResult, init_distributed, load_model
+from train_node.trainer.engine import Engine, NonFiniteError, StepResult, init_distributed, load_model
 from train_node.trainer.feeder import Feeder
-from train_node.trainer.packing import plan_step
+from train_node.trainer.packing import Plan, plan_minibatches
 from train_node.trainer.publish import Publisher, latest_version
 from train_node.trainer.source import BatchSource
 
@@ -68,6 +76,7 @@ class Counters:
     idle_s: float = 0.0
     tokens: int = 0
     last_data: float = field(default_factory=time.monotonic)
+    nonfinite_in_row: int = 0
 
 
 class Trainer:
@@ -83,6 +92,7 @@ class Trainer:
         self.rank = 0
         self.world = 1
         self.exit_code = 0
+        self.nonfinite_steps = 0  # steps with an update the non-finite guard skipped, over the lineage
         self._step_publishes = True  # whether the next (or running) step publishes; see train_version
 
     # ================================================================== setup
@@ -94,6 +104,7 @@ class Trainer:
         if meta is not None:
             ckpt.load(self.engine, self.paths, meta["tag"], universal=self._needs_universal(meta))
             self.step = int(meta["step"])
+            self.nonfinite_steps = int(meta["trainer_state"].get("nonfinite_steps", 0))
         if self.rank == 0:
             self._setup_rank0(meta)
         self._publish_initial(meta)
@@ -255,9 +266,10 @@ class Trainer:
         self.counters.last_data = time.monotonic()
         if self.cfg.algorithm.control_shuffle_rewards:  # a bench's control arm (controls.py), never a real run
             shuffle_rewards(batch, self.cfg.algorithm.advantage_norm, step_rng(self.cfg.run.seed, self.step + 1))
-        plan = plan_step(batch.samples, self.world, self.cfg.trainer.micro_batch_tokens)
-        self._pending = (batch, plan, waited)
-        return {"cmd": "train", "per_rank": plan.per_rank}
+        plans = plan_minibatches(batch.samples, self.cfg.algorithm.minibatches, self.world,
+                                 self.cfg.trainer.micro_batch_tokens)
+        self._pending = (batch, plans, waited)
+        return {"cmd": "train", "minibatches": [p.per_rank for p in plans]}
 
     def _stop_reason(self) -> str:
         if self.stop.is_set():
@@ -284,20 +296,61 @@ class Trainer:
 
     # ================================================================== one step
     def train_step(self, msg: dict[str, Any]) -> StepResult:
-        result = self.engine.train_step(msg["per_rank"][self.rank])
+        result = self.engine.train_step(*[per_rank[self.rank] for per_rank in msg["minibatches"]])
+        self._count_nonfinite(result)
+        if result.updates == 0:
+            self._skip_step(result)
+        else:
+            self._finish_step(result)
+        self._stop_if_nonfinite(result)
+        return result
+
+    def _finish_step(self, result: StepResult) -> None:
         self.step += 1
         self.counters.tokens += result.tokens
         published = None
         if self.rank == 0:
-            batch, plan, waited = self._pending
+            batch, plans, waited = self._pending
             with self.consumer.lock:
                 self.consumer.mark_trained(batch, self.step)
         published = self._publish_and_finish_step()
         if self.rank == 0:
-            self._log_step(result, batch, plan, waited, published)
+            self._log_step(result, batch, plans, waited, published)
         if self.step % self.cfg.trainer.checkpoint_every == 0:
             self.checkpoint()
-        return result
+
+    def _count_nonfinite(self, result: StepResult) -> None:
+        """Every rank (the guard's verdict is all-reduced): count a step with a skipped update."""
+        if not result.nonfinite:
+            self.counters.nonfinite_in_row = 0
+            return
+        self.nonfinite_steps += 1
+        self.counters.nonfinite_in_row += 1
+
+    def _skip_step(self, result: StepResult) -> None:
+        """A step that applied nothing: its batch is dropped, nothing is published; see the module docstring."""
+        if self.rank == 0:
+            batch, _plans, _waited = self._pending
+            with self.consumer.lock:
+                self.consumer.drop_batch(batch, "nonfinite")
+                self.source.step_finished()
+            self.metrics.log("nonfinite_step", step=self.step, nonfinite=result.nonfinite,
+                             nonfinite_steps=self.nonfinite_steps, in_a_row=self.counters.nonfinite_in_row,
+                             samples=len(batch.samples), task_ids=batch.task_ids)
+
+    def _stop_if_nonfinite(self, result: StepResult) -> None:
+        """Every rank: ``trainer.max_nonfinite_steps`` steps in a row with a skipped update stop the trainer."""
+        limit = self.cfg.trainer.max_nonfinite_steps
+        if self.counters.nonfinite_in_row >= limit:
+            message = (f"{self.counters.nonfinite_in_row} steps in a row had a non-finite {result.nonfinite} on some "
+                       f"rank (trainer.max_nonfinite_steps = {limit}); no such update was applied or published, and "
+                       f"the batches of steps that applied nothing were dropped (reason 'nonfinite'). Look for corrupt "
+                       f"trajectories or a diverging policy (lower trainer.lr, check algorithm.kl_coef) and resume "
+                       f"from the last checkpoint")
+            if self.rank == 0:
+                self.metrics.log("trainer_stop", step=self.step, reason="nonfinite", exit_code=NonFiniteError.exit_code,
+                                 nonfinite_steps=self.nonfinite_steps, error=message)
+            raise NonFiniteError(message)
 
     def _publish_and_finish_step(self) -> Any:
         """Publish (every N steps) and end the step for the batch source, atomically for a prefetch
@@ -323,21 +376,24 @@ class Trainer:
             self.publisher.wait()
         return stats
 
-    def _log_step(self, r: StepResult, batch: Batch, plan: Any, waited: float, published: Any) -> None:
+    def _log_step(self, r: StepResult, batch: Batch, plans: list[Plan], waited: float, published: Any) -> None:
         s = r.sums
         rewards = batch.rewards
         wall = time.perf_counter() - self.counters.started
+        tokens, capacity = sum(p.total_tokens for p in plans), sum(p.capacity_tokens for p in plans)
         self.metrics.log(
             "train_step", step=self.step, loss=s.loss / max(s.tokens, 1), loss_tokens=s.tokens,
             reward_mean=sum(rewards) / len(rewards), pass_rate=sum(x >= 1.0 for x in rewards) / len(rewards),
             clip_fraction=s.clipped / max(s.tokens, 1), kl=s.kl / max(s.tokens, 1),
             ratio_dev=s.ratio_dev / max(s.tokens, 1), truncated_fraction=s.truncated / max(s.tokens, 1),
             weight_mean=s.weight / max(s.tokens, 1), by_staleness=s.by_staleness(), masked_samples=batch.masked,
-            **({"grad_norm": r.grad_norm} if r.grad_norm is not None else
-               {"grad_norm_absent": "trainer.grad_clip is 0 at ZeRO-0: DeepSpeed computes no norm"}),
+            **({"grad_norm": r.grad_norm} if r.grad_norm is not None and math.isfinite(r.grad_norm) else
+               {} if r.nonfinite else {"grad_norm_absent": "trainer.grad_clip is 0 at ZeRO-0: DeepSpeed computes no norm"}),
             lr=r.lr, **({"step_kl": r.step_kl} if r.step_kl is not None else {}),
-            step_s=r.seconds, tokens=plan.total_tokens, tokens_per_s=plan.total_tokens / max(r.seconds, 1e-9),
-            packing_efficiency=plan.packing_efficiency, micro_batches=len(plan.per_rank[0]),
+            step_s=r.seconds, tokens=tokens, tokens_per_s=tokens / max(r.seconds, 1e-9),
+            packing_efficiency=tokens / capacity if capacity else 0.0,
+            micro_batches=sum(len(p.per_rank[0]) for p in plans), minibatches=len(plans), updates=r.updates,
+            nonfinite_steps=self.nonfinite_steps, **({"nonfinite": r.nonfinite} if r.nonfinite else {}),
             groups=len(batch.groups), samples=len(batch.samples), task_ids=batch.task_ids,
             staleness_hist=dict(sorted(collections.Counter(batch.staleness).items())),
             drops=dict(self.consumer.drops), wait_s=waited,
@@ -373,7 +429,8 @@ class Trainer:
             "step": self.step, "policy_version": self.publisher.version, "parent": self._parent,
             "shards": covered, "fence_generation": self.generation, "world_size": self.world,
             "zero_stage": self.cfg.trainer.zero_stage, "precision": self.cfg.trainer.precision,
-            "trainer_state": {"consumer": state, "feeder": self.feeder.to_json() if self.feeder else {}},
+            "trainer_state": {"consumer": state, "feeder": self.feeder.to_json() if self.feeder else {},
+                              "nonfinite_steps": self.nonfinite_steps},
             "t": time.time(),
         }
 
@@ -385,6 +442,7 @@ class Trainer:
             self.exit_code = signals.EXIT_REQUEUE
         if self.rank == 0:
             self.metrics.log("trainer_stop", step=self.step, reason=reason, exit_code=self.exit_code,
+                             nonfinite_steps=self.nonfinite_steps,
                              idle_fraction=self.counters.idle_s / max(time.perf_counter() - self.counters.started, 1e-9))
 
     def close(self) -> None:

@@ -1,35 +1,45 @@
-"""The policy-gradient objective over token IDs (GRPO/DAPO family, decoupled off-policy correction).
+"""The policy-gradient objective over token IDs: REINFORCE with a baseline + truncated token-level IS + KL.
 
 Guarantees:
 - Only tokens with ``mask == 1`` (the policy's own generated tokens) contribute.
 - Token-level aggregation: the loss of one micro-batch is ``sum(per_token_loss * mask) / total_tokens``,
-  where ``total_tokens`` is the number of loss tokens of the whole optimizer step on all ranks. Summing
+  where ``total_tokens`` is the number of loss tokens of the whole optimizer update on all ranks. Summing
   the micro-batch losses of all ranks therefore gives the mean over every loss token of the step,
   independent of how the tokens were packed or split across ranks.
 - One distribution end to end: policy log-probabilities are ``log_softmax(logits / T)`` in fp32 at the
   sampling temperature, the same quantity the inference engines record (``processed`` logprobs), so an
   on-policy token has ``pi / mu == 1`` at any temperature.
 
-Per token, with the behaviour policy ``mu`` (the version that sampled the token), the proximal policy
-``pi_prox`` (the weights at the start of this optimizer step, i.e. ``logp.detach()``) and advantage ``A``
-(decoupled PPO, as in AReaL; veRL's truncated IS is the same weight):
+What it is: REINFORCE with a baseline (the advantage), token-level truncated importance sampling
+against the behaviour policy (veRL's TIS) and an optional KL penalty. Per token, with the behaviour
+policy ``mu`` (the version that sampled the token), the proximal policy ``pi_prox`` (the weights at the
+start of the trainer step) and advantage ``A``:
 
     w  = min(pi_prox / mu, tis_cap)                    detached truncated importance weight
-    rp = pi / pi_prox                                  == 1 in value; its gradient is that of log pi
+    rp = pi / pi_prox                                  the ratio the PPO clip bounds
     pg = w * max(-A * rp, -A * clip(rp, 1 - clip_low, 1 + clip_high))
 
-so the gradient is ``-A * w * grad(log pi)``: stale samples are re-weighted towards the current
-policy, and the weight is truncated at ``tis_cap`` so that one token can never dominate. The PPO clip
-bounds the move away from the proximal policy; with one optimizer step per batch the proximal policy
-is the current one and the clip cannot bind (``clipped`` counts where it does). Optional KL penalty
-against a frozen reference, always >= 0, by ``kl_estimator``: ``k3`` from the sampled token,
+With one optimizer update per batch (``algorithm.minibatches`` 1, the default) the proximal policy is
+the current one (``pi_prox = logp.detach()``, ``rp == 1`` in value), the clip cannot bind and the
+gradient is exactly ``-A * w * grad(log pi)``: stale samples are re-weighted towards the current
+policy, and the weight is truncated at ``tis_cap`` so that one token can never dominate (veRL
+truncates like this; AReaL instead drops tokens above its cap). With ``minibatches`` k > 1 the step
+makes k updates, ``pi_prox`` is computed once before the first (AReaL's ``ppo_n_minibatches``), and
+from the second update on the clip bounds the move away from it (``clipped`` counts where it binds).
 
-    kl = exp(logp_ref - logp) - (logp_ref - logp) - 1;   per_token = pg + kl_coef * kl
+Optional KL penalty against a frozen reference, always >= 0, by ``kl_estimator``: ``k3`` from the
+sampled token, clamped as veRL and OpenRLHF do so that one token the policy has left far behind
+(a stale sample, ``pi << ref``) gives a bounded term instead of ``inf``:
+
+    d  = clamp(logp_ref - logp, -20, 20);   kl = min(exp(d) - d - 1, 10);   per_token = pg + kl_coef * kl
 
 or ``forward``, the exact KL(ref || pi) over the vocabulary at the position (:func:`forward_kl`, which
-the engine computes alongside the logprobs): its gradient on the logits is ``(pi - pi_ref) / T``, so a
-token the policy no longer samples is still pulled back towards the reference (k3's pull, and that of
-the reverse KL, vanish with the token's probability).
+the engine computes alongside the logprobs). Both have the same expected gradient on-policy: k3's
+gradient ``(1 - ref/pi) grad(log pi)`` averages under ``pi`` to that of KL(ref || pi), whose gradient
+on the logits is ``(pi - pi_ref) / T`` (for k3 only below its cap: a token with ``ref / pi`` above ~12.7
+reaches the cap of 10 and gets no pull). ``forward`` is the exact (zero-variance) form: a token the
+policy rarely samples is pulled back at every position, not by a rare huge k3 term when it is sampled.
+(Off-policy, k3 is not importance-weighted; the logged ``kl`` under k3 estimates KL(pi || ref).)
 
 Statistics per staleness bucket (0, 1, 2, 3+ versions) report how off-policy the step was: tokens,
 ``sum |pi/mu - 1|``, the share truncated at ``tis_cap`` and the mean weight.
@@ -45,6 +55,9 @@ from hpc.config import AlgorithmConfig
 
 # exp() of a log-ratio beyond this is numerically meaningless (and the truncation decides anyway).
 _MAX_LOG_RATIO = 20.0
+# k3's bounds, as veRL (kl_penalty 'low_var_kl') and OpenRLHF (compute_approx_kl 'k3') clamp it
+K3_MAX_LOG_RATIO = 20.0
+K3_MAX = 10.0
 STALENESS_BUCKETS = 4  # 0, 1, 2, 3+ versions
 _SCALARS = ("loss", "tokens", "clipped", "truncated", "kl", "ratio_dev", "weight")
 _BUCKETED = ("b_tokens", "b_ratio_dev", "b_truncated", "b_weight")
@@ -136,6 +149,14 @@ def forward_kl(logits: torch.Tensor, ref_logits: torch.Tensor, inv_temperature: 
     return (ref.exp() * (ref - mine)).sum(-1)
 
 
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 per token, ``exp(d) - d - 1`` with ``d = log ref - log pi`` clamped to
+    +-:data:`K3_MAX_LOG_RATIO` and the value to at most :data:`K3_MAX` (never inf; beyond the bounds
+    the term carries no gradient, as in veRL and OpenRLHF)."""
+    delta = (ref_logp - logp).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
+    return (torch.exp(delta) - delta - 1.0).clamp(max=K3_MAX)
+
+
 def policy_loss(
     logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
@@ -147,13 +168,15 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     staleness: torch.Tensor | None = None,
     forward_kl_tokens: torch.Tensor | None = None,
+    prox_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
-    """The micro-batch loss (already divided by the step's global loss-token count) and its sums.
+    """The micro-batch loss (already divided by the update's global loss-token count) and its sums.
 
-    The KL term: ``k3`` from ``ref_logp``; ``forward`` takes the per-token :func:`forward_kl`
-    (``forward_kl_tokens``, carrying its gradient) instead."""
+    The KL term: ``k3`` from ``ref_logp`` (:func:`k3`); ``forward`` takes the per-token :func:`forward_kl`
+    (``forward_kl_tokens``, carrying its gradient) instead. ``prox_logp``: the proximal policy's logprobs
+    (``algorithm.minibatches`` > 1); None: the current ones, ``logp.detach()``."""
     assert total_tokens > 0, "a step without loss tokens must not reach the loss"
-    prox = logp.detach()
+    prox = logp.detach() if prox_logp is None else prox_logp
     ratio = torch.exp((prox - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # pi_prox / mu
     weight = ratio.clamp(max=params.tis_cap)
     prox_ratio = torch.exp(logp - prox)
@@ -166,8 +189,7 @@ def policy_loss(
         kl = forward_kl_tokens
         per_token = per_token + params.kl_coef * kl
     elif ref_logp is not None and params.kl_coef > 0:
-        delta = ref_logp - logp
-        kl = torch.exp(delta) - delta - 1.0
+        kl = k3(logp, ref_logp)
         per_token = per_token + params.kl_coef * kl
     loss = (per_token * mask).sum() / total_tokens
     with torch.no_grad():
@@ -220,7 +242,11 @@ def batch_advantages(groups: list[list[float]], norm: str, eps: float = 1e-6) ->
     Unlike a group baseline it keeps the signal of a group whose samples all scored the same: all failed,
     their answers are pushed down (a value the policy has abandoned for one kind of statement is not left
     without a gradient); all passed, theirs are pushed up. 'batch_std' divides by a std that shrinks as the
-    step's rewards saturate: one failure among 31 passes gets -5.6, against -0.97 under 'batch_mean'."""
+    step's rewards saturate: one failure among 31 passes gets -5.6, against -0.97 under 'batch_mean'.
+
+    Without a per-prompt baseline every prompt adds ``(V(prompt) - mean)`` to its samples' advantages: zero in
+    expectation, but variance. That is small when the steps are stratified (tasks of equal difficulty in every
+    step, as in the demo); on real task sets, whose pass rates differ per task, a group baseline fits."""
     flat = [r for g in groups for r in g]
     assert flat and norm in ("batch_mean", "batch_std")
     mean = sum(flat) / len(flat)

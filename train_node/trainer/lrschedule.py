@@ -5,9 +5,14 @@ its size in parameter space is about ``lr`` per weight whatever the gradient say
 policy space can be anything. Measured on the demo (issue 12): at ``lr`` 3e-4 one early step moved
 the answer of every builtin-pick statement from uniform to ~0.84 on one value (about 2 nats at that
 token), and the next step swung it onto another value. The controller measures how far each step
-moved the policy, on the batch it trained (:func:`sequence_kl`), and scales the next step's ``lr``
+moved the policy, on the batch it trained (:func:`kl_totals`), and scales the next step's ``lr``
 so that the distance stays near the target: the adaptive schedule of rsl_rl's PPO (``desired_kl``),
 a trust region without a second model or a line search.
+
+Units: nats per loss token (:func:`mean_token_kl`: the KL summed over the step's loss tokens divided by
+their number; samples trained with no loss tokens count for nothing). A per-sample sum would make one
+target mean 40x less per token on a 40-token episode than on a 10,000-token one, and drive the lr to its
+floor on long trajectories.
 
 Guarantees:
 - ``trainer.target_kl`` 0 (the default) leaves the schedule as it was: the warm-up alone.
@@ -68,6 +73,20 @@ def apply_now(scheduler: torch.optim.lr_scheduler.LambdaLR, schedule: LrSchedule
 def sequence_kl(old_logp: torch.Tensor, new_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum over the loss tokens of KL(before || after the step), k3 estimator on the sampled tokens
     (``r - 1 - log r`` with ``r = pi_after / pi_before``: unbiased for tokens drawn from the policy before the
-    step, never negative). Divided by the number of samples it is the mean per-sample (sequence) KL."""
+    step, never negative)."""
     log_r = (new_logp - old_logp).double()
     return ((torch.exp(log_r) - 1.0 - log_r) * mask.double()).sum()
+
+
+def kl_totals(old_logp: torch.Tensor, new_logp: torch.Tensor, mask: torch.Tensor,
+              advantages: torch.Tensor) -> torch.Tensor:
+    """One micro-batch's [KL sum over loss tokens, loss tokens, loss tokens with a non-zero advantage] (float64):
+    what the engine sums over micro-batches and ranks before :func:`mean_token_kl`."""
+    loss = mask > 0
+    return torch.stack([sequence_kl(old_logp, new_logp, mask), loss.double().sum(),
+                        (loss & (advantages != 0)).double().sum()])
+
+
+def mean_token_kl(totals: torch.Tensor) -> tuple[float, bool]:
+    """(the step's KL per loss token, whether any loss token had a non-zero advantage) from summed :func:`kl_totals`."""
+    return float(totals[0] / max(float(totals[1]), 1.0)), bool(totals[2] > 0)

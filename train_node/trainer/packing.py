@@ -10,6 +10,9 @@ Guarantees:
 - Deterministic: the same samples in the same order give the same plan (exact resume depends on it).
 - Max-length policy: a sample longer than ``micro_batch_tokens`` gets a micro-batch of its own
   (the consumer has already dropped anything longer than ``trainer.max_seq_len``).
+- Minibatches (``algorithm.minibatches``): the step's samples are split into at most k minibatches
+  balanced by loss tokens, each with loss tokens (samples without any go to the lightest),
+  and each minibatch is planned as above; k = 1 gives the one plan of the whole step.
 """
 
 from __future__ import annotations
@@ -160,3 +163,22 @@ def plan_step(samples: list[Sample], world: int, micro_batch_tokens: int) -> Pla
         total_tokens=total,
         capacity_tokens=n_micro * world * micro_batch_tokens,
     )
+
+
+def split_minibatches(samples: list[Sample], k: int) -> list[list[Sample]]:
+    """At most ``k`` minibatches, balanced by loss tokens (longest first onto the lightest), then by tokens, each
+    in the samples' order; minibatches that would hold no loss token are not made (fewer samples with loss
+    tokens than ``k``)."""
+    n_parts = max(1, min(k, sum(1 for s in samples if s.num_loss_tokens > 0)))
+    loads = [(0, 0)] * n_parts
+    part_of = [0] * len(samples)
+    for i in sorted(range(len(samples)), key=lambda i: (-samples[i].num_loss_tokens, -samples[i].num_tokens, i)):
+        m = min(range(n_parts), key=lambda j: (loads[j], j))
+        part_of[i] = m
+        loads[m] = (loads[m][0] + samples[i].num_loss_tokens, loads[m][1] + samples[i].num_tokens)
+    return [[s for s, m in zip(samples, part_of, strict=True) if m == j] for j in range(n_parts)]
+
+
+def plan_minibatches(samples: list[Sample], k: int, world: int, micro_batch_tokens: int) -> list[Plan]:
+    """One :func:`plan_step` per minibatch of :func:`split_minibatches`."""
+    return [plan_step(part, world, micro_batch_tokens) for part in split_minibatches(samples, k)]
