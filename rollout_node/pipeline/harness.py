@@ -52,6 +52,7 @@ from rollout_node.sandbox.runtimes import PATH_INSIDE, Bind
 if TYPE_CHECKING:
     from hpc.config import RunConfig
     from hpc.paths import RunPaths
+    from rollout_node.agent.client import InferenceClient
     from rollout_node.gateway.server import Gateway
     from rollout_node.gateway.session import GatewaySampling, SessionTrace
 
@@ -157,9 +158,13 @@ class HarnessPolicy:
         self.gateway.close()
         self._on_close()
 
+    def session_sampling(self, ctx: EpisodeContext) -> GatewaySampling:
+        """How the episode's session samples (``sampling_for``; the service overrides it per request)."""
+        return self.sampling_for(ctx)
+
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         session = self.gateway.open_session(f"{ctx.task_id}:s{ctx.sample_index}:a{ctx.attempt}",
-                                            self.backend_for(ctx), self.template, self.sampling_for(ctx))
+                                            self.backend_for(ctx), self.template, self.session_sampling(ctx))
         try:
             result = run_harness(ctx.sandbox, self.cfg, key=session.key, socket_path=session.socket_path,
                                  problem=getattr(ctx.task, "problem_statement", "") or ctx.task_id,
@@ -185,8 +190,10 @@ class HarnessPolicy:
                              logprob_kind=trace.logprob_kind, segments=segments[:-1])
 
 
-def build_harness_policy(paths: RunPaths, config: RunConfig) -> HarnessPolicy:
-    """The node's harness policy: the run's inference client as every session's backend (the samples of a
+def build_harness_policy(paths: RunPaths, config: RunConfig, *, client: InferenceClient | None = None,
+                         cls: type[HarnessPolicy] = HarnessPolicy) -> HarnessPolicy:
+    """The node's harness policy (a ``cls``): ``client`` (default: the run's inference client) as every
+    session's backend (the samples of a
     task stick to one server; versions reach the transcript as they arrive, so the staleness check sees a
     running episode; time waiting for a server is not charged to RUN), the model's chat template, and one
     gateway on a node-local socket. Raises UsageError when ``rollout.harness.prefix`` is not an install."""
@@ -206,7 +213,7 @@ def build_harness_policy(paths: RunPaths, config: RunConfig) -> HarnessPolicy:
     if problems := check_prefix(config.rollout.harness.prefix):
         raise UsageError("; ".join(problems))
     template = ChatTemplate.from_model_dir(tokenizer_dir(paths, config))
-    client = InferenceClient.from_config(config.inference, run_dir=paths.root)
+    client = client or InferenceClient.from_config(config.inference, run_dir=paths.root)
     limits = AgentLimits.from_config(config.rollout, config.inference)
     context: list[int] = []
 
@@ -219,6 +226,6 @@ def build_harness_policy(paths: RunPaths, config: RunConfig) -> HarnessPolicy:
 
     socket_path = user_scratch(config.sandbox) / f"gw-{os.getpid()}-{secrets.token_hex(3)}.sock"
     gateway = Gateway(socket_path).start()
-    return HarnessPolicy(config.rollout.harness, gateway, template, sampling_for,
+    return cls(config.rollout.harness, gateway, template, sampling_for,
                          lambda ctx: _VersionTap(client.session(ctx.task_id), ctx), on_close=client.close,
                          not_ready=lambda: "" if client.endpoints.live() else "no_inference_server")

@@ -69,6 +69,7 @@ class Job:
     future: asyncio.Future[dict[str, Any]]
     t0: float = field(default_factory=time.monotonic)
     holders: list[str] = field(default_factory=list)  # worker ids seen holding the task, in order
+    parts: dict[int, Trajectory] = field(default_factory=dict)  # segment k -> its row, until all are in
 
 
 @dataclass
@@ -240,7 +241,8 @@ class FrontDoor:
             if job is None:
                 self.counts["late_results"] += 1  # cancelled or timed out before it came back
                 continue
-            self._answer(job, traj)
+            if (segments := _segments(job, traj)) is not None:
+                self._answer(job, segments[-1], segments[:-1])
         now = time.monotonic()
         for job in [j for j in self.jobs.values() if now > j.deadline]:
             held = f"; last held by node {job.holders[-1]}" if job.holders else "; no node had claimed it"
@@ -249,7 +251,7 @@ class FrontDoor:
             body = {"detail": message, **wire.failure(job.job_id, job.trajectory_id, job.instance, message, "timeout")}
             self._end(job, JobEnded(504, message, body))
 
-    def _answer(self, job: Job, traj: Trajectory) -> None:
+    def _answer(self, job: Job, traj: Trajectory, earlier: list[Trajectory]) -> None:
         writer = str(traj.metrics.get("node") or (job.holders[-1] if job.holders else ""))
         node = {"node": writer or None, "attempt": traj.attempt,
                 "previous_nodes": [h for h in dict.fromkeys(job.holders) if h != writer]}
@@ -258,7 +260,7 @@ class FrontDoor:
             self.counts["rerun_after_lost_lease"] += 1
         try:
             body = wire.result(traj, job.job_id, job.trajectory_id, job.instance, job.token_level,
-                               time.monotonic() - job.t0, node)
+                               time.monotonic() - job.t0, node, earlier)
         except ValueError as exc:  # a token record that breaks its own rules: never hand it to a trainer
             log.error("job %s: unusable token record: %s", job.job_id, exc)
             self.counts["failed"] += 1
@@ -283,6 +285,15 @@ class FrontDoor:
                 total[f"active_{stage}"] += int(record.get("busy", {}).get(stage, 0))
         return {k: total.get(k, 0) for k in ("init_queue", "run_queue", "eval_queue",
                                             "active_init", "active_run", "active_eval")}
+
+
+def _segments(job: Job, traj: Trajectory) -> list[Trajectory] | None:
+    """The episode's rows in segment order once all of them are in (a one-segment episode: at once)."""
+    if "segment" not in traj.metrics:
+        return [traj]
+    job.parts[int(traj.metrics["segment"])] = traj
+    n = int(traj.metrics["segments_per_episode"])
+    return [job.parts[k] for k in range(n)] if all(k in job.parts for k in range(n)) else None
 
 
 def _last_record(path: Path, tail: int = 65536) -> dict[str, Any] | None:

@@ -50,8 +50,14 @@ def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any =
 
 
 def make_service_policy(paths: Any, config: Any) -> Any:
-    """The LLM agent with least-assigned balancing over RUN/endpoints (backends the API registers);
-    requests carry the run secret as every run-dir client's do (``InferenceClient.from_config``)."""
-    from rollout_node.service.policy import LeastAssignedClient, ServicePolicy
+    """The LLM agent, or the configured harness behind the node's gateway (``rollout.policy: harness``),
+    with least-assigned balancing over RUN/endpoints (backends the API registers); requests carry the
+    run secret as every run-dir client's do (``InferenceClient.from_config``)."""
+    from rollout_node.service.policy import LeastAssignedClient, ServiceHarnessPolicy, ServicePolicy
 
-    return ServicePolicy(paths, config, client=LeastAssignedClient.from_config(config.inference, run_dir=paths.root))
+    client = LeastAssignedClient.from_config(config.inference, run_dir=paths.root)
+    if config.rollout.policy == "harness":
+        from rollout_node.pipeline.harness import build_harness_policy
+
+        return build_harness_policy(paths, config, client=client, cls=ServiceHarnessPolicy)
+    return ServicePolicy(paths, config, client=client)

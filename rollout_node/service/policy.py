@@ -1,6 +1,7 @@
 """The agent as the service runs it: the pipeline's :class:`~rollout_node.pipeline.llm.LLMPolicy`
-with per-request ``sampling_params`` and a ProRL ``messages`` record, and an inference client that
-balances new episodes to the least-assigned backend.
+(``rollout.policy: llm``) or :class:`~rollout_node.pipeline.harness.HarnessPolicy` (``rollout.policy:
+harness``) with per-request ``sampling_params`` and a ProRL ``messages`` record, and an inference client
+that balances new episodes to the least-assigned backend.
 
 Guarantees:
 - ``sampling_params`` of the spool task (checked by :mod:`rollout_node.service.wire`) override, for
@@ -11,6 +12,12 @@ Guarantees:
   completion's, as the backend produced them (never decoded and encoded again), with the turn's
   ``prompt_len`` (its prompt is the trajectory's first ``prompt_len`` IDs: the answer cuts
   ``input_ids`` from there, so the shard stores no prompt twice); the text is decoded only for display.
+- The harness (:class:`ServiceHarnessPolicy`): ``temperature``, ``top_p`` and ``max_output_tokens``
+  set the episode's gateway session (``max_iterations`` is not honoured: the harness decides its
+  turns). Its ``messages`` are read from the recorded segments, in order: each completion is an
+  ``assistant`` message (``segment`` k, ``prompt_len`` within that segment, its ``token_ids`` and
+  ``logprobs``), and the prompt tokens around them are ``context`` messages (the rendered text the
+  model saw; the gateway keeps no copy of the harness's own message list).
 - Balancing: an episode key (the task id) is assigned once, to the live backend with the fewest
   episodes assigned so far in this process, and keeps it for every turn (prefix cache) unless that
   backend fails or is cleared; then the next least-assigned live one takes over.
@@ -26,7 +33,10 @@ from typing import Any
 from rollout_node.agent import AgentLoop, EpisodeSeed, SandboxTools, task_messages
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.result import EpisodeResult
+from rollout_node.agent.template import ChatTemplate
 from rollout_node.agent.toolcall import ToolCall
+from rollout_node.gateway.session import GatewaySampling
+from rollout_node.pipeline.harness import HarnessPolicy
 from rollout_node.pipeline.llm import LLMPolicy, _stop_reason, _VersionTap
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
@@ -122,3 +132,37 @@ class ServicePolicy(LLMPolicy):
                    "service_messages": messages_of(self.template, problem, result, loop.limits.observation_role)}
         return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling),
                              logprob_kind=result.logprob_kind)
+
+
+def segment_messages(template: ChatTemplate, segments: list[Transcript]) -> list[dict[str, Any]]:
+    """ProRL ``messages`` of a harness episode from its segments, in order (module docstring): each run of
+    generated tokens (mask 1) is one ``assistant`` message, each run of prompt tokens a ``context`` one."""
+    out: list[dict[str, Any]] = []
+    for k, seg in enumerate(segments):
+        start = 0
+        for end in range(1, len(seg.token_ids) + 1):
+            if end < len(seg.token_ids) and seg.loss_mask[end] == seg.loss_mask[start]:
+                continue
+            ids = list(seg.token_ids[start:end])
+            if seg.loss_mask[start]:
+                out.append({"role": "assistant", "content": template.decode(ids), "token_ids": ids,
+                            "logprobs": list(seg.logprobs[start:end]), "prompt_len": start, "segment": k})
+            else:
+                out.append({"role": "context", "content": template.decode(ids), "segment": k})
+            start = end
+    return out
+
+
+class ServiceHarnessPolicy(HarnessPolicy):
+    """``HarnessPolicy`` plus per-request sampling and the ``messages`` record (module docstring)."""
+
+    def session_sampling(self, ctx: EpisodeContext) -> GatewaySampling:
+        base, params = super().session_sampling(ctx), dict(ctx.task_dict.get("sampling_params") or {})
+        return dataclasses.replace(base, temperature=params.get("temperature", base.temperature),
+                                   top_p=params.get("top_p", base.top_p),
+                                   max_new_tokens=params.get("max_output_tokens", base.max_new_tokens))
+
+    def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
+        out = super().run_episode(ctx)
+        out.metrics["service_messages"] = segment_messages(self.template, [*out.segments, ctx.transcript])
+        return out

@@ -12,14 +12,17 @@ Guarantees:
   the whole token record with per-token ``policy_versions``). Token IDs and logprobs are copied from
   the trajectory, which holds them exactly as the backend received and produced them; with token-level
   generation (the server's default) every assistant message carries its turn's ``input_ids``,
-  ``token_ids`` and ``logprobs`` (:mod:`rollout_node.service.turns`, prefix rule checked).
+  ``token_ids`` and ``logprobs`` (:mod:`rollout_node.service.turns`, prefix rule checked). An episode of
+  several segments (a harness that rewrote its history) is answered once, with all of them: each
+  assistant message's records come from its own segment, the top-level token record is the last
+  segment's, and ``segments`` lists every segment's token record in order.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc.records import TaskRecord
@@ -141,9 +144,10 @@ def chat_tools() -> list[dict[str, Any]]:
         for name, args in TOOL_SPECS.items()]
 
 
-def messages(traj: Trajectory, stored: list[dict[str, Any]], token_level: bool) -> list[dict[str, Any]]:
+def messages(segments: list[Trajectory], stored: list[dict[str, Any]], token_level: bool) -> list[dict[str, Any]]:
     """The answer's ``messages``: with ``token_level``, each assistant message gets its turn's exact
-    ``input_ids`` (cut from the trajectory) besides ``token_ids``/``logprobs``; without, none of the three."""
+    ``input_ids`` (cut from its own segment's trajectory: ``segment`` k, default the only one) besides
+    ``token_ids``/``logprobs``; without, none of the three."""
     out = [dict(m) for m in stored]
     assistant = [m for m in out if m["role"] == "assistant"]
     if not token_level:
@@ -151,16 +155,28 @@ def messages(traj: Trajectory, stored: list[dict[str, Any]], token_level: bool) 
             m.pop("token_ids", None)
             m.pop("logprobs", None)
         return out
-    calls = [(int(m["prompt_len"]), m["token_ids"], m["logprobs"]) for m in assistant]
-    for m, turn in zip(assistant, turns_of(traj.token_ids.tolist(), calls), strict=True):
-        m.update(turn.fields())
+    for k, traj in enumerate(segments):
+        mine = [m for m in assistant if int(m.get("segment", 0)) == k]
+        calls = [(int(m["prompt_len"]), m["token_ids"], m["logprobs"]) for m in mine]
+        for m, turn in zip(mine, turns_of(traj.token_ids.tolist(), calls), strict=True):
+            m.update(turn.fields())
+    if len(assistant) != sum(1 for m in assistant if "input_ids" in m):
+        raise ValueError("an assistant message names a segment the episode does not have")
     return out
 
 
+def _tokens(traj: Trajectory) -> dict[str, Any]:
+    return {"token_ids": traj.token_ids.tolist(), "loss_mask": traj.loss_mask.tolist(),
+            "logprobs": traj.logprobs.tolist(), "policy_versions": traj.policy_versions.tolist(),
+            "prompt_len": traj.prompt_len}
+
+
 def result(traj: Trajectory, job_id: str, trajectory_id: str, instance: Mapping[str, Any], token_level: bool,
-           elapsed_s: float, node: dict[str, Any]) -> dict[str, Any]:
-    """The ``/process`` answer for a finished trajectory (see the module docstring)."""
+           elapsed_s: float, node: dict[str, Any], earlier: Sequence[Trajectory] = ()) -> dict[str, Any]:
+    """The ``/process`` answer for a finished episode (see the module docstring): ``traj`` its last segment,
+    ``earlier`` the segments before it (a harness that rewrote its history), listed in ``segments``."""
     metrics = dict(traj.metrics)
+    segments = [*earlier, traj]
     error = metrics.get("error") or (None if traj.status in (Status.OK, Status.TRUNCATED) else traj.status.value)
     return {
         "instance_id": instance["instance_id"], "trajectory_id": trajectory_id, "job_id": job_id,
@@ -168,12 +184,11 @@ def result(traj: Trajectory, job_id: str, trajectory_id: str, instance: Mapping[
         "success": not traj.status.infrastructure and traj.status != Status.CANCELLED,
         "finish": bool(metrics.get("submitted", False)), "end_properly": traj.status == Status.OK,
         "filter": not traj.status.trainable or bool(training_refusal(traj.logprob_kind, traj.sampling)), "error": error, "critical_error": critical_stage(traj),
-        "tools": chat_tools(), "messages": messages(traj, metrics.get("service_messages", []), token_level),
+        "tools": chat_tools(), "messages": messages(segments, metrics.get("service_messages", []), token_level),
         "timing": timing(traj, elapsed_s),
         "status": traj.status.value, "reward": traj.reward, "stop_reason": metrics.get("stop_reason"),
-        "token_ids": traj.token_ids.tolist(), "loss_mask": traj.loss_mask.tolist(),
-        "logprobs": traj.logprobs.tolist(), "policy_versions": traj.policy_versions.tolist(),
-        "prompt_len": traj.prompt_len, "logprob_kind": traj.logprob_kind, **node,
+        **_tokens(traj), "logprob_kind": traj.logprob_kind, **node,
+        **({"segments": [_tokens(t) for t in segments]} if earlier else {}),
     }
 
 
