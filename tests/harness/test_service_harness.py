@@ -13,8 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from tokenizers import Tokenizer
 
 from rollout_node.pipeline.agentscript import bash
 from tests.harness.test_harness_node import RIGHT_FIX, TASK
+from tests.loopback_http import completion_answer, serve_in_thread
 
 pytestmark = pytest.mark.sandbox
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,30 +46,13 @@ class ScriptedLLM:
         logprobs = [-0.3 - 0.001 * j for j in range(len(ids))]
         self.seen.append({"prompt": prompt, "token_ids": ids, "logprobs": logprobs, "temperature": body.get("temperature"),
                           "top_p": body.get("top_p"), "max_tokens": body["max_tokens"]})
-        choice = {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": prompt, "finish_reason": "stop",
-                  "logprobs": {"token_logprobs": logprobs}, "logprobs_mode": "processed_logprobs",
-                  "weight_versions": [{"version": 1, "start": 0, "end": len(ids)}]}
-        return web.json_response({"id": "cmpl", "object": "text_completion", "choices": [choice]})
+        return web.json_response(completion_answer(prompt, ids, logprobs))
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "scripted", "max_model_len": 8192}]})
 
     def serve(self) -> str:
-        ready: list[str] = []
-
-        async def main() -> None:
-            app = web.Application(client_max_size=64 * 2**20)
-            app.add_routes([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            ready.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-            await asyncio.Event().wait()
-
-        threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
-        while not ready:
-            time.sleep(0.01)
-        return ready[0]
+        return serve_in_thread([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
 
 
 def instance() -> dict[str, Any]:

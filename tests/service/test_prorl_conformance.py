@@ -32,6 +32,8 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
+from tests.loopback_http import completion_answer, serve_in_thread
+
 pytestmark = pytest.mark.sandbox
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 4
@@ -71,31 +73,14 @@ class RecordingLLM:
         logprobs = [-0.25 - 0.001 * i for i in range(len(ids))]
         self.seen.append({"prompt": prompt, "token_ids": ids, "logprobs": logprobs, "temperature": body.get("temperature"),
                           "top_p": body.get("top_p"), "max_tokens": body["max_tokens"]})
-        choice = {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": prompt, "finish_reason": "stop",
-                  "logprobs": {"token_logprobs": logprobs}, "logprobs_mode": "processed_logprobs",
-                  "weight_versions": [{"version": 1, "start": 0, "end": len(ids)}]}
-        return web.json_response({"id": "cmpl", "object": "text_completion", "choices": [choice]})
+        return web.json_response(completion_answer(prompt, ids, logprobs))
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "recording", "max_model_len": 4096}]})
 
     def serve(self) -> str:
         """Start on a thread of its own; returns the base URL."""
-        ready: list[str] = []
-
-        async def main() -> None:
-            app = web.Application(client_max_size=64 * 2**20)
-            app.add_routes([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            ready.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-            await asyncio.Event().wait()
-
-        threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
-        while not ready:
-            time.sleep(0.01)
-        return ready[0]
+        return serve_in_thread([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
 
 
 def nemo_gym_model_server() -> str:
@@ -107,22 +92,8 @@ def nemo_gym_model_server() -> str:
     async def not_found(_request: web.Request) -> web.Response:
         return web.json_response({"detail": "Not Found"}, status=404)
 
-    ready: list[str] = []
-
-    async def main() -> None:
-        app = web.Application()
-        app.add_routes([web.post("/v1/chat/completions", chat), web.post("/v1/responses", chat),
-                        web.route("*", "/{tail:.*}", not_found)])
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        ready.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        await asyncio.Event().wait()
-
-    threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
-    while not ready:
-        time.sleep(0.01)
-    return ready[0]
+    return serve_in_thread([web.post("/v1/chat/completions", chat), web.post("/v1/responses", chat),
+                            web.route("*", "/{tail:.*}", not_found)])
 
 
 def builtin_instance() -> dict[str, Any]:
