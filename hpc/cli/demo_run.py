@@ -24,6 +24,10 @@ processes a Slurm job would start. Guarantees:
   otherwise), and the summary compares the first steps with the last ones: the reward is the mean over
   every finished episode of the step's tasks, the trained batch's (after filters) beside it
   (:mod:`hpc.report_summary`, which ``status`` and the report print too).
+- ``rollout.policy=harness`` (with ``rollout.harness.prefix``, an install, and ``rollout.harness.command``)
+  trains that harness instead of the built-in agent: each episode runs it in a sandbox against the rollout
+  node's gateway (the README's example: ``examples/harness``); the summary adds the harness episodes'
+  segments and tokens prefilled again (``harness``, :func:`hpc.report_summary.harness_summary`).
 - Logs: each role's stdout and stderr in ``RUN/logs/<train|infer|rollout>/`` (submitit's local executor:
   ``<pid>_0_log.out``/``.err`` beside its submission/result pickles), the roles' own log files in
   ``RUN/logs/``; the final summary (the JSON line printed last) in ``RUN/summary.json``.
@@ -45,6 +49,7 @@ from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
+from hpc.report_summary import harness_line
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
 # model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
@@ -285,7 +290,7 @@ def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -
     return {"demo": "summary", "run": str(paths.root), "why": why, "elapsed_s": round(elapsed, 1),
             **progress(paths), **reward_summary(step_rewards(paths)), "spool": status.get("spool"),
             "trainer": status.get("trainer"), "nonfinite_steps": (status.get("training") or {}).get("nonfinite_steps"),
-            "logs": str(paths.logs), "role_errors": errors}
+            "harness": (status.get("summary") or {}).get("harness"), "logs": str(paths.logs), "role_errors": errors}
 
 
 def _interrupt_on(*signums: int) -> dict[int, Any]:
@@ -334,6 +339,8 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
                  f"{result['trained_batch_reward_last']:.2f}" if "trained_batch_reward_first" in result else "")
         print(f"spoolrl demo: reward {first:.2f} (mean of the first {result['reward_first_steps']} steps) -> "
               f"{last:.2f} (last {result['reward_last_steps']}), over {result['reward_of']}{batch}", file=sys.stderr)
+    if result["harness"]:
+        print(f"spoolrl demo: {harness_line(result['harness'])}", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
           f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {paths.root}", file=sys.stderr)
     if not ok:
