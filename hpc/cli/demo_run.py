@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc.config import RunConfig, load_config
-from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
+from hpc.errors import ConfigError, RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
@@ -105,6 +105,7 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model."""
     base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
     config = load_config(None, [*base, *overrides])
+    check_harness(config)
     if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
         from hpc.cli.util import warn_unchecked_model
 
@@ -116,6 +117,16 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     model = warm_model(seed=config.run.seed, system_prompt=config.rollout.system_prompt)
     print(f"spoolrl demo: warm-started tiny model {model} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     return load_config(None, [*base, f"model.path={model}", *overrides])
+
+
+def check_harness(config: RunConfig) -> None:
+    """``rollout.policy: harness``: the prefix must be an install here, before anything starts (ConfigError)."""
+    if config.rollout.policy != "harness":
+        return
+    from rollout_node.pipeline.harness_install import check_prefix
+
+    if problems := check_prefix(config.rollout.harness.prefix):
+        raise ConfigError(problems)
 
 
 def check_sandbox(config: RunConfig) -> None:

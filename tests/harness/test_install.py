@@ -58,6 +58,10 @@ def test_validate_refuses_a_prefix_that_is_not_an_install(tmp_path: Path, standi
     assert bad.returncode == 2 and f"rollout.harness.prefix: {tmp_path} holds no harness install" in bad.stderr
     good = spoolrl("validate", *base, f"rollout.harness.prefix={standin_prefix}")
     assert good.returncode == 0, good.stderr
+    # the demo refuses it too, before anything starts (no warm start, no run directory, no role)
+    demo = spoolrl("demo", "--out", str(tmp_path / "run"), *base, f"rollout.harness.prefix={tmp_path}")
+    assert demo.returncode == 2 and f"rollout.harness.prefix: {tmp_path} holds no harness install" in demo.stderr
+    assert not (tmp_path / "run").exists() and "warm-started" not in demo.stderr
 
 
 # a harness that asks for its own temperature (0.5): the gateway refuses it, whatever the backend
