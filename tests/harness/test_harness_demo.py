@@ -4,7 +4,7 @@ The example harness (``examples/harness``: a stdlib OpenAI chat-completions clie
 submit tools), installed by ``spoolrl harness install``, runs in a bwrap sandbox per episode against the rollout
 node's gateway; the real CPU engine samples the warm-started tiny model behind it; EVAL scores the working
 tree's diff; the DeepSpeed trainer trains the spooled trajectories, publishes, and the engine reloads. Two
-steps of 2 tasks x 2 samples (the demo's defaults are 4 x 8: the shape is cut to keep the test short).
+steps of 1 task x 2 samples (the demo's defaults are 4 x 8: the shape is cut to keep the test short).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.harness.conftest import example_install, spoolrl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.deepspeed]
 COMMAND = "spoolrl-example-agent --max-turns 3 --no-tools-field"  # what the README's demo line gives
-GROUP, GROUPS, STEPS = 2, 2, 2
+GROUP, GROUPS, STEPS = 2, 1, 2
 
 
 def test_demo_trains_the_example_harness_through_the_gateway(tmp_path: Path,
