@@ -36,6 +36,7 @@ processes a Slurm job would start. Guarantees:
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import tempfile
@@ -263,14 +264,24 @@ def stop_roles(paths: RunPaths, jobs: RoleJobs, grace_s: float = 60.0) -> None:
 
 
 def role_errors(jobs: RoleJobs) -> dict[str, str]:
+    """What each ended role died of (its result raised: a verb that exited non-zero, a crash, a cancel). A local
+    job's state is ``FINISHED`` whether its function returned or raised, so the result decides."""
     errors = {}
     for role, job in jobs.jobs.items():
-        if job.done() and job.state not in ("FINISHED", "DONE", "COMPLETED"):
+        if job.done():
             try:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - we report whatever the job died of
-                errors[role] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}"
+                errors[role] = died_of(exc)
     return errors
+
+
+def died_of(exc: BaseException) -> str:
+    """One line: the last ``SomeError: message`` line of the job's error (submitit wraps the role's traceback
+    in its own message, whose last lines name the log files), else the error's last line."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b[^:]*:", ln)]
+    return f"{type(exc).__name__}: {(named or lines or [''])[-1][:300]}"
 
 
 def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: list[str]) -> tuple[RunPaths, int]:
