@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.decode import Message, outcome_line
-from hpc.report_summary import clock, duration
+from hpc.report_summary import clock, duration, harness_line
 from hpc.trajectory import Trajectory
 
 CSS = """
@@ -128,6 +128,7 @@ def summary_rows(run: Path, model: str, records: list[dict[str, Any]], report: d
         *([("Non-finite steps", f'<b class="num">{_e(s["nonfinite_steps"])}</b> (skipped: nothing applied)')]
           if s.get("nonfinite_steps") is not None else []),
         ("Episodes", f'<span class="num">{acct["episodes"]}</span> by status: {_chips(acct["episodes_by_status"])}'),
+        *([("Harness segments", _e(harness_line(s["harness"])))] if s.get("harness") else []),
         ("Samples dropped", _chips(acct["samples_discarded_by_reason"])),
         ("Tokens by fate", tokens),
         ("Compute", f'CPU <b class="num">{_num(acct["cpu_hours"])}</b> h, GPU <b class="num">{_num(acct["gpu_hours"])}'

@@ -13,6 +13,10 @@ Guarantees:
 - ``finished``: the last trainer step reached ``trainer.total_steps``; ``start``/``end`` are the first and the
   last record's time (unix seconds), ``duration_s`` their difference.
 - ``nonfinite_steps``: the last ``train_step``'s ``nonfinite_steps`` field, when the trainer writes one.
+- ``harness`` (:func:`harness_summary`, ``rollout.policy: harness``): over the ``episode`` records that carry
+  ``segments_per_episode`` (the rollout node writes it for every finished harness episode): how many, segments per
+  episode (mean, max, episodes of more than one) and the tokens prefilled again (``reprefill_tokens``: total and per
+  episode); ``None`` when the run has no such episode.
 """
 
 from __future__ import annotations
@@ -77,6 +81,20 @@ def reward_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def harness_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """Segments and tokens prefilled again over the harness episodes (module docstring); None without any."""
+    counts, refilled = [], []
+    for rec in records:
+        if rec.get("kind") == "episode" and (n := _number(rec.get("segments_per_episode"))) is not None:
+            counts.append(int(n))
+            refilled.append(int(_number(rec.get("reprefill_tokens")) or 0))
+    if not counts:
+        return None
+    return {"episodes": len(counts), "segments_per_episode_mean": round(_mean([float(c) for c in counts]), 3),
+            "segments_per_episode_max": max(counts), "split_episodes": sum(c > 1 for c in counts),
+            "reprefill_tokens": sum(refilled), "reprefill_tokens_per_episode": round(sum(refilled) / len(counts), 1)}
+
+
 def total_steps(paths: RunPaths) -> int | None:
     """``trainer.total_steps`` of the run's ``run.yaml`` (``config:`` then the sections; None if unreadable)."""
     try:
@@ -99,7 +117,7 @@ def run_summary(run_dir: str | Path, records: list[dict[str, Any]]) -> dict[str,
     start, end = (min(times), max(times)) if times else (None, None)
     return {"finished": target is not None and step >= target, "step": step, "total_steps": target,
             "start": start, "end": end, "duration_s": round(end - start, 1) if start is not None and end else None,
-            **reward_summary(rows), "nonfinite_steps": nonfinite}
+            **reward_summary(rows), "nonfinite_steps": nonfinite, "harness": harness_summary(records)}
 
 
 def clock(t: float | None) -> str:
@@ -135,4 +153,13 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         lines.append(line)
     if s.get("nonfinite_steps") is not None:
         lines.append(f"non-finite steps (skipped, nothing applied): {s['nonfinite_steps']}")
+    if h := s.get("harness"):
+        lines.append(harness_line(h))
     return lines
+
+
+def harness_line(h: dict[str, Any]) -> str:
+    """:func:`harness_summary` as one sentence (``status``, the demo and the report's page)."""
+    return (f"harness episodes {h['episodes']}: {h['segments_per_episode_mean']:.2f} segments per episode (max "
+            f"{h['segments_per_episode_max']}; {h['split_episodes']} split into several), tokens prefilled again "
+            f"{h['reprefill_tokens']} ({h['reprefill_tokens_per_episode']:.1f} per episode)")

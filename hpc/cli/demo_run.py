@@ -24,6 +24,10 @@ processes a Slurm job would start. Guarantees:
   otherwise), and the summary compares the first steps with the last ones: the reward is the mean over
   every finished episode of the step's tasks, the trained batch's (after filters) beside it
   (:mod:`hpc.report_summary`, which ``status`` and the report print too).
+- ``rollout.policy=harness`` (with ``rollout.harness.prefix``, an install, and ``rollout.harness.command``)
+  trains that harness instead of the built-in agent: each episode runs it in a sandbox against the rollout
+  node's gateway (the README's example: ``examples/harness``); the summary adds the harness episodes'
+  segments and tokens prefilled again (``harness``, :func:`hpc.report_summary.harness_summary`).
 - Logs: each role's stdout and stderr in ``RUN/logs/<train|infer|rollout>/`` (submitit's local executor:
   ``<pid>_0_log.out``/``.err`` beside its submission/result pickles), the roles' own log files in
   ``RUN/logs/``; the final summary (the JSON line printed last) in ``RUN/summary.json``.
@@ -32,6 +36,7 @@ processes a Slurm job would start. Guarantees:
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import tempfile
@@ -41,10 +46,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc.config import RunConfig, load_config
-from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
+from hpc.errors import ConfigError, RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
+from hpc.report_summary import harness_line
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
 # model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
@@ -100,6 +106,7 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model."""
     base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
     config = load_config(None, [*base, *overrides])
+    check_harness(config)
     if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
         from hpc.cli.util import warn_unchecked_model
 
@@ -111,6 +118,16 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     model = warm_model(seed=config.run.seed, system_prompt=config.rollout.system_prompt)
     print(f"spoolrl demo: warm-started tiny model {model} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     return load_config(None, [*base, f"model.path={model}", *overrides])
+
+
+def check_harness(config: RunConfig) -> None:
+    """``rollout.policy: harness``: the prefix must be an install here, before anything starts (ConfigError)."""
+    if config.rollout.policy != "harness":
+        return
+    from rollout_node.pipeline.harness_install import check_prefix
+
+    if problems := check_prefix(config.rollout.harness.prefix):
+        raise ConfigError(problems)
 
 
 def check_sandbox(config: RunConfig) -> None:
@@ -247,14 +264,24 @@ def stop_roles(paths: RunPaths, jobs: RoleJobs, grace_s: float = 60.0) -> None:
 
 
 def role_errors(jobs: RoleJobs) -> dict[str, str]:
+    """What each ended role died of (its result raised: a verb that exited non-zero, a crash, a cancel). A local
+    job's state is ``FINISHED`` whether its function returned or raised, so the result decides."""
     errors = {}
     for role, job in jobs.jobs.items():
-        if job.done() and job.state not in ("FINISHED", "DONE", "COMPLETED"):
+        if job.done():
             try:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - we report whatever the job died of
-                errors[role] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}"
+                errors[role] = died_of(exc)
     return errors
+
+
+def died_of(exc: BaseException) -> str:
+    """One line: the last ``SomeError: message`` line of the job's error (submitit wraps the role's traceback
+    in its own message, whose last lines name the log files), else the error's last line."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b[^:]*:", ln)]
+    return f"{type(exc).__name__}: {(named or lines or [''])[-1][:300]}"
 
 
 def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: list[str]) -> tuple[RunPaths, int]:
@@ -285,7 +312,7 @@ def summary(paths: RunPaths, why: str, elapsed: float, errors: dict[str, str]) -
     return {"demo": "summary", "run": str(paths.root), "why": why, "elapsed_s": round(elapsed, 1),
             **progress(paths), **reward_summary(step_rewards(paths)), "spool": status.get("spool"),
             "trainer": status.get("trainer"), "nonfinite_steps": (status.get("training") or {}).get("nonfinite_steps"),
-            "logs": str(paths.logs), "role_errors": errors}
+            "harness": (status.get("summary") or {}).get("harness"), "logs": str(paths.logs), "role_errors": errors}
 
 
 def _interrupt_on(*signums: int) -> dict[int, Any]:
@@ -334,6 +361,8 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
                  f"{result['trained_batch_reward_last']:.2f}" if "trained_batch_reward_first" in result else "")
         print(f"spoolrl demo: reward {first:.2f} (mean of the first {result['reward_first_steps']} steps) -> "
               f"{last:.2f} (last {result['reward_last_steps']}), over {result['reward_of']}{batch}", file=sys.stderr)
+    if result["harness"]:
+        print(f"spoolrl demo: {harness_line(result['harness'])}", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
           f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {paths.root}", file=sys.stderr)
     if not ok:

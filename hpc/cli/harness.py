@@ -66,7 +66,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _config(args)
     harness = config.rollout.harness
     command = harness.command if args.command is None else args.command
-    checks = check_install(args.prefix.absolute(), config.sandbox, command, harness.env)
+    checks = check_install(args.prefix.absolute(), config.sandbox, command, harness.env,
+                           temperature=config.inference.temperature)
     for check in checks:
         print(check.line())
     if not command:

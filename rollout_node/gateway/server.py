@@ -181,6 +181,7 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body above {self.max_request_mb:g} MiB", "invalid_request_error")
         except WireError as exc:
+            session.note_refusal(f"HTTP {exc.status} on {exc.param or 'the request'}: {exc}")
             return web.json_response(exc.body(), status=exc.status)
         except SessionClosed:
             return _error(401, UNAUTHORIZED, "invalid_request_error", "invalid_api_key")

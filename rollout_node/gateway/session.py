@@ -21,6 +21,8 @@ Guarantees:
   ``trace.context_exhausted`` is set: the agent's outcome (truncated), not infrastructure.
 - A backend failure (:class:`hpc.errors.InferenceError`, or anything the backend raises) answers 502
   and is recorded as ``trace.error`` (infrastructure); the session stays open.
+- A call refused with a 400 (:class:`~rollout_node.gateway.wire.WireError`) leaves the segments as they were
+  and its message in ``trace.refused``.
 - After :meth:`GatewaySession.close` every call is refused (401), a call in flight included: nothing
   of it is recorded, so the returned :class:`SessionTrace` is final.
 """
@@ -79,6 +81,7 @@ class SessionTrace:
     llm_s: float = 0.0                # time waiting for the backend
     gateway_s: float = 0.0            # the gateway's own time per call (render, parse, HTTP), LLM excluded
     error: str | None = None          # the last infrastructure failure (backend/gateway), None if none
+    refused: str | None = None        # why the gateway last refused a call (a 400: sampling, messages, budget)
     context_exhausted: bool = False   # a call was refused for lack of room in max_tokens
     logprob_kind: str = "unknown"     # of the recorded logprobs; "unknown" when calls disagreed
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -241,6 +244,13 @@ class GatewaySession:
         with self._state:
             if not self._closed:
                 self._trace.gateway_s += max(0.0, seconds)
+
+    def note_refusal(self, message: str) -> None:
+        """A call the gateway refused (400), kept as ``trace.refused``: a harness that never got an answer
+        (e.g. it sends a temperature other than the run's) fails with this reason, not a bare exit status."""
+        with self._state:
+            if not self._closed:
+                self._trace.refused = message
 
     def note_error(self, message: str) -> None:
         """An infrastructure failure inside the gateway itself (recorded as ``trace.error``)."""

@@ -20,9 +20,10 @@ Guarantees:
   outcome (``ok``, or ``timeout`` past ``rollout.run_timeout_s``, time waiting for the inference
   server not counted, as for the built-in agent; a call the gateway refused for lack of room in
   ``rollout.max_tokens`` makes it ``truncated``); a backend or gateway failure recorded by the session
-  raises :class:`~hpc.errors.InferenceError`, a relay that did not start or a harness that never called
-  the gateway (nothing of the policy to train: a broken install or command) :class:`~hpc.errors.SandboxError`
-  (infrastructure: retried, then excluded with the reason).
+  raises :class:`~hpc.errors.InferenceError`, a relay that did not start or a harness that never got an
+  answer from the gateway (nothing of the policy to train: a broken install or command, or requests the
+  gateway refuses, e.g. a temperature other than the run's: the last refusal is in the message)
+  :class:`~hpc.errors.SandboxError` (infrastructure: retried, then excluded with the reason).
 - The record is the session's segments, never re-tokenized: one segment is the episode's transcript;
   when the harness rewrote its history, every segment becomes a trajectory of its own (its own prompt),
   all sharing the episode's reward and counted as one sample of the group
@@ -177,8 +178,9 @@ class HarnessPolicy:
         if not segments and not ctx.stop_event.is_set():
             # nothing of the policy to train: the install or the command is broken (retried, then excluded;
             # a node where every episode ends so stops itself: rollout.max_consecutive_infra_faults)
-            raise SandboxError(f"the harness made no call to the gateway (exit {result.exit_code}): "
-                               f"{_tail(str(result.output))[-1500:]}")
+            refused = f"; the gateway refused its calls ({trace.refused})" if trace.refused else ""
+            raise SandboxError(f"the harness made no call that the gateway answered (exit {result.exit_code})"
+                               f"{refused}: {_tail(str(result.output))[-1500:]}")
         if segments:
             ctx.transcript.replace(segments[-1])
         status = Status.OK

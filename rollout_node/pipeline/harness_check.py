@@ -73,8 +73,11 @@ def _git_repo(path: Path) -> None:
 
 
 def check_install(prefix: Path, sandbox: SandboxConfig, command: str = "", env: dict[str, str] | None = None,
-                  *, replies: Sequence[str] = CHECK_REPLIES, timeout_s: float = 300.0) -> list[Check]:
-    """Run the checks of the module docstring; never raises for what it checks."""
+                  *, temperature: float = 1.0, replies: Sequence[str] = CHECK_REPLIES,
+                  timeout_s: float = 300.0) -> list[Check]:
+    """Run the checks of the module docstring (the gateway samples at ``temperature``, the run's
+    ``inference.temperature``: a harness that asks for another one fails the episode check, as it would
+    fail every episode); never raises for what it checks."""
     from rollout_node.gateway.server import Gateway
     from rollout_node.gateway.session import GatewaySampling
     from rollout_node.sandbox import open_sandbox
@@ -87,7 +90,7 @@ def check_install(prefix: Path, sandbox: SandboxConfig, command: str = "", env: 
                                      f"{len(manifest.distributions)} distributions)")]
     template = byte_template()
     backend = ScriptedBackend(template, list(replies))
-    sampling = GatewaySampling(temperature=1.0, max_tokens=1 << 22, max_new_tokens=1 << 16)
+    sampling = GatewaySampling(temperature=temperature, max_tokens=1 << 22, max_new_tokens=1 << 16)
     with tempfile.TemporaryDirectory(prefix="spoolrl-harness-check-") as tmp:
         work = Path(tmp) / "work"
         _git_repo(work)
@@ -142,6 +145,8 @@ def _episode(sb: Sandbox, gateway: Gateway, cfg: HarnessConfig, backend: Scripte
               f"working tree {'changed' if changed else 'unchanged'}")
     if trace.error:
         detail += f"; gateway error: {trace.error}"
+    if trace.refused:
+        detail += f"; the gateway refused a call: {trace.refused}"
     ok = trace.calls > 0 and bool(trace.segments) and changed and not trace.error
     if not ok:
         detail += f"\n{str(result.output)[-1500:]}"

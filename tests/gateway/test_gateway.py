@@ -227,6 +227,7 @@ def test_unreproducible_sampling_is_a_clear_400(gateway: Gateway, client: Infere
     assert err.value.body["param"] == param and param in err.value.body["message"]
     trace = session.close()
     assert trace.calls == 0 and not trace.segments and len(backend.records()) == before
+    assert trace.refused is not None and trace.refused.startswith(f"HTTP 400 on {param}: ")  # the episode's reason
 
 
 def test_context_budget_is_the_agents_outcome(gateway: Gateway, client: InferenceClient, template: ChatTemplate) -> None:

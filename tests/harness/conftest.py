@@ -22,6 +22,7 @@ from rollout_node.sandbox import bwrap_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_SRC = Path(__file__).with_name("standin")
+EXAMPLE_SRC = REPO / "examples" / "harness"
 MINI_SPEC = "mini-swe-agent==2.4.6"  # the pinned, unmodified mini-swe-agent from PyPI
 
 
@@ -59,6 +60,12 @@ def cached_install(spec: str, name: str, tmp_factory: pytest.TempPathFactory, *e
 
 def standin_source() -> str:
     return "".join((STANDIN_SRC / p).read_text() for p in ("pyproject.toml", "standin_harness/__init__.py"))
+
+
+def example_install(tmp_factory: pytest.TempPathFactory) -> Path:
+    """The README's example harness (``examples/harness``), installed once per source."""
+    source = "".join((EXAMPLE_SRC / p).read_text() for p in ("pyproject.toml", "spoolrl_example_agent/__init__.py"))
+    return cached_install(str(EXAMPLE_SRC), "example-agent", tmp_factory, source)
 
 
 @pytest.fixture(autouse=True)

@@ -58,3 +58,26 @@ def test_validate_refuses_a_prefix_that_is_not_an_install(tmp_path: Path, standi
     assert bad.returncode == 2 and f"rollout.harness.prefix: {tmp_path} holds no harness install" in bad.stderr
     good = spoolrl("validate", *base, f"rollout.harness.prefix={standin_prefix}")
     assert good.returncode == 0, good.stderr
+    # the demo refuses it too, before anything starts (no warm start, no run directory, no role)
+    demo = spoolrl("demo", "--out", str(tmp_path / "run"), *base, f"rollout.harness.prefix={tmp_path}")
+    assert demo.returncode == 2 and f"rollout.harness.prefix: {tmp_path} holds no harness install" in demo.stderr
+    assert not (tmp_path / "run").exists() and "warm-started" not in demo.stderr
+
+
+# a harness that asks for its own temperature (0.5): the gateway refuses it, whatever the backend
+TEMPERATURE_CLIENT = ("python3 -c 'import json, os, urllib.request as u; u.urlopen(u.Request(os.environ[\"OPENAI_BASE_URL\"]"
+                      " + \"/chat/completions\", data=json.dumps({\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+                      " \"temperature\": 0.5}).encode(), headers={\"Authorization\": \"Bearer \" + os.environ[\"OPENAI_API_KEY\"]}))'")
+
+
+def test_check_names_a_temperature_the_run_does_not_sample_at(tmp_path: Path, standin_prefix: Path) -> None:
+    """The harness's sampling temperature must be the run's (the trainer scores one temperature): ``harness check``
+    samples at the config's ``inference.temperature`` and says why the harness's call was refused."""
+    config = tmp_path / "run.yaml"
+    config.write_text("inference: {temperature: 0.7}\n")
+    check = spoolrl("harness", "check", str(standin_prefix), "--config", str(config), "--command", TEMPERATURE_CLIENT)
+    assert check.returncode == 1, check.stdout + check.stderr
+    episode = check.stdout.split("FAIL episode: ", 1)[1]
+    assert episode.startswith("exit 1, 0 gateway calls, 0 segment(s)"), episode
+    assert ("the gateway refused a call: HTTP 400 on temperature: temperature 0.5 differs from the run's "
+            "inference.temperature 0.7") in episode and "set it to 0.7" in episode

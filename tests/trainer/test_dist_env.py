@@ -31,3 +31,37 @@ def test_single_process_without_launcher() -> None:
         busy.bind(("127.0.0.1", d.master_port))
         busy.listen()
         assert resolve({}).master_port != d.master_port
+
+
+# in a child: the process group is global state; the port the trainer picked is taken before the rendezvous
+_TAKEN_PORT = """
+import os, socket
+from dataclasses import replace
+import torch.distributed as tdist
+from train_node.trainer.dist_env import resolve
+from train_node.trainer.engine import init_distributed
+env = resolve({})
+taken = socket.socket()
+taken.bind(("127.0.0.1", env.master_port))
+taken.listen()
+given = replace(env, port_picked=False)  # a port given by the user or a launcher is used as given
+try:
+    init_distributed(given)
+except tdist.DistNetworkError as exc:
+    print("given port refused:", "EADDRINUSE" in str(exc))
+init_distributed(env)
+print("picked another:", tdist.is_initialized() and int(os.environ["MASTER_PORT"]) != env.master_port)
+"""
+
+
+def test_a_picked_port_taken_before_the_rendezvous_is_replaced() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _TAKEN_PORT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["given port refused: True", "picked another: True"], done.stdout

@@ -4,6 +4,8 @@ the command line, on a run directory whose metrics files are written here with t
 The run: 4 of 4 steps, two tasks per step with 4 finished episodes each; one episode per step is not in the
 trained batch (a per-sample drop), so the episode reward and the trained batch's differ and both are checked
 against values computed here. The rollout node's last record says it was draining; it withdrew its presence.
+Every finished episode is a harness episode (``segments_per_episode`` on its record, as the node writes it); one of
+them was split into 2 segments with 30 tokens prefilled again.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ def run(tmp_path: Path) -> Path:
     for step in range(1, STEPS + 1):
         for task, rewards in zip("ab", EPISODES[step], strict=True):
             for i, reward in enumerate(rewards):
+                split = (step, task, i) == (1, "b", 2)
                 node.log("episode", task_id=f"{task}{step}", sample_index=i, attempt=0, status="ok", reward=reward,
-                         generated_tokens=10, timings={"run_s": 1.0})
+                         generated_tokens=10, timings={"run_s": 1.0}, segments_per_episode=2 if split else 1,
+                         reprefill_tokens=30 if split else 0)
         node.log("episode", task_id=f"a{step}", sample_index=9, attempt=0, status="sandbox_error", reward=None)
         trainer.log("train_step", step=step, loss=0.5, loss_tokens=40, reward_mean=_batch_reward(step),
                     pass_rate=0.5, task_ids=[f"a{step}", f"b{step}"], lr=1e-4 * step, step_kl=0.01 * step,
@@ -84,6 +88,8 @@ def test_status_says_what_happened(run: Path, capsys: pytest.CaptureFixture[str]
             f"episode of the step's tasks; trained batch reward (after filters) {batch_first:.2f}") in out, out
     assert abs(first - batch_first) > 0.01  # the two figures really differ here
     assert "non-finite steps (skipped, nothing applied): 1" in out
+    assert ("harness episodes 32: 1.03 segments per episode (max 2; 1 split into several), tokens prefilled again 30 "
+            "(0.9 per episode)") in out, out
     assert "rollout rollout-n1: stopped (stop)" in out and "DRAINING" not in out  # presence withdrawn
     assert "queued init 0, run 2, eval 1" in out
     assert "no Slurm job recorded for this run" in out
@@ -93,6 +99,8 @@ def test_status_says_what_happened(run: Path, capsys: pytest.CaptureFixture[str]
     summary = json.loads(out)["summary"]
     assert summary["finished"] is True and summary["step"] == STEPS and summary["nonfinite_steps"] == 1
     assert summary["duration_s"] >= 0 and summary["reward_first"] == round(first, 3)
+    assert summary["harness"] == {"episodes": 32, "segments_per_episode_mean": 1.031, "segments_per_episode_max": 2,
+                                  "split_episodes": 1, "reprefill_tokens": 30, "reprefill_tokens_per_episode": 0.9}
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "0.1"])
@@ -120,6 +128,8 @@ def test_report_has_summary_config_and_training_plots(run: Path, tmp_path: Path,
     page = (run / "report" / "report.html").read_text()
     assert "<th>Wall time</th>" in page and "total_steps: 4" in page and "<b>finished</b>: step" in page
     assert "Non-finite steps" in page and "over every finished episode of the step&#x27;s tasks" in page
+    assert report["summary"]["harness"]["reprefill_tokens"] == 30
+    assert "<th>Harness segments</th>" in page and "1 split into several), tokens prefilled again 30" in page
 
     missing = tmp_path / "no such dir" / "r.html"
     code, _, err = _cli(capsys, "report", str(run), "-o", str(missing))

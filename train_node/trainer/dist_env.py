@@ -7,7 +7,9 @@ Resolution order (first that applies):
    rank and size, the first host of the train group and a port derived from the job id and the
    restart count (so a requeued job never collides with its predecessor's port).
 3. A single process on this host: ``MASTER_PORT`` if set, else a port the OS has free now (a fixed
-   default would collide with any other single trainer on the host: two demos, a demo and a test).
+   default would collide with any other single trainer on the host: two demos, a demo and a test);
+   ``port_picked`` says so, and :func:`train_node.trainer.engine.init_distributed` picks another one
+   when a process took it before the rendezvous bound it.
 
 The result is exported to the environment, because ``deepspeed.init_distributed`` reads it there.
 """
@@ -27,6 +29,7 @@ class DistEnv:
     master_addr: str
     master_port: int
     source: str  # "launcher", "slurm" or "single"
+    port_picked: bool = False  # master_port is the OS's pick of a moment ago (another one may be tried)
 
     def export(self) -> None:
         os.environ.update(
@@ -68,5 +71,8 @@ def resolve(environ: dict[str, str] | None = None) -> DistEnv:
     found = _from_launcher(env) or _from_slurm(env)
     if found is not None:
         return found
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else free_port()
-    return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, source="single")
+    if env.get("MASTER_PORT"):
+        return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1",
+                       master_port=int(env["MASTER_PORT"]), source="single")
+    return DistEnv(rank=0, local_rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(),
+                   source="single", port_picked=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch.utils.checkpoint
 
 from hpc.config import AlgorithmConfig, TrainerConfig
 from hpc.errors import SpoolrlError
-from train_node.trainer.dist_env import DistEnv
+from train_node.trainer.dist_env import DistEnv, free_port
 from train_node.trainer.faults import fault_point
 from train_node.trainer.layers import train_top_layers
 from train_node.trainer.loss import LossParams, LossSums, forward_kl, policy_loss, token_logprobs
@@ -64,20 +64,39 @@ def ds_config(tcfg: TrainerConfig, *, load_universal: bool = False) -> dict[str,
     return cfg
 
 
+PORT_TRIES = 5  # rendezvous ports a single trainer tries when the one it picked was taken meanwhile
+
+
 def init_distributed(env: DistEnv) -> str:
     """Start torch.distributed through DeepSpeed; returns the backend (nccl on GPUs, gloo on CPU)."""
     env.export()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    import deepspeed
-
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
         _skip_shm_comm_op()
     if not tdist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        _rendezvous(env, backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
     return backend
+
+
+def _rendezvous(env: DistEnv, backend: str) -> None:
+    """``deepspeed.init_distributed``. A port this process picked (``env.port_picked``: a single trainer) was
+    free a moment ago, and another process on the host can bind it first (seen with several test suites on
+    one machine: EADDRINUSE); then another free port, up to :data:`PORT_TRIES` in all. A port a launcher or
+    Slurm gave is used as given."""
+    import deepspeed
+
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            return
+        except tdist.DistNetworkError as exc:
+            if not env.port_picked or "EADDRINUSE" not in str(exc) or attempt == PORT_TRIES:
+                raise
+            env = replace(env, master_port=free_port())
+            env.export()
 
 
 def _skip_shm_comm_op() -> None:
