@@ -11,10 +11,10 @@ The heartbeat thread shows the spool that the node lives (which keeps its leases
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from hpc.records import TaskRecord
+from hpc.spool import TaskLease
 from hpc.trajectory import Status
+from rollout_node.pipeline.claim import read_claim
 from rollout_node.pipeline.episode import Episode, Group
 from rollout_node.pipeline.outcomes import NodeBase
 
@@ -79,22 +79,15 @@ class NodeClaims(NodeBase):
             with self.lock:
                 self.claiming = False
 
-    def _group_of(self, lease: Any) -> Group | None:
-        task_dict = dict(lease.task)
-        size = self.config.algorithm.group_size
-        try:
-            size = TaskRecord.from_json(task_dict).group_size or size
-            task = self.ops.parse(task_dict)
-        except Exception as exc:  # noqa: BLE001 - a malformed task is accounted for, not fatal
-            task = None
-            error = f"malformed task: {exc}"
-        group = Group(lease=lease, task_id=str(lease.task_id), task=task, task_dict=task_dict, size=size,
-                      image=self.ops.image(task) if task is not None else "")
+    def _group_of(self, lease: TaskLease) -> Group | None:
+        claim = read_claim(lease, self.ops.parse)
+        size = claim.record.group_size or self.config.algorithm.group_size
+        group = Group(claim=claim, size=size, image=self.ops.image(claim.task) if claim.task is not None else "")
         with self.lock:
             self.groups[group.task_id] = group
             self.claimed_samples += size
-        if task is None:
-            self._close_with(group, Status.NODE_ERROR, error)
+        if claim.task is None:
+            self._close_with(group, Status.NODE_ERROR, claim.error)
             return None
         self.control.refresh()
         if self.control.cancelled(group.task_id):

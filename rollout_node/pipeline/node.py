@@ -120,10 +120,10 @@ class RolloutNode(NodeClaims, NodeWorkers):
     def _spool_idle(self) -> bool:
         """--once: nothing ready and nothing claimed by anyone (expired leases come back first)."""
         try:
-            stats = self._spool_call(self.spool.stats)
-        except Exception:  # noqa: BLE001 - stats are advisory
+            counts = self._spool_call(self.spool.task_counts)
+        except Exception:  # noqa: BLE001 - the counts are advisory
             return True
-        return not any(int(stats.get(k, 0) or 0) for k in ("tasks_ready", "tasks_claimed"))
+        return not (counts["tasks_ready"] or counts["tasks_claimed"])
 
     # ------------------------------------------------------------------ control loop
     def _tick(self) -> None:

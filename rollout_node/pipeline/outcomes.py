@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc.config import RunConfig
 from hpc.paths import RunPaths
+from hpc.spool import RolloutSpool
 from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import TaskOps
 from rollout_node.pipeline.claimgate import ClaimGate
@@ -42,6 +43,7 @@ from rollout_node.pipeline.stages import Stages, remove_workdir
 from rollout_node.pipeline.staleness import StalenessGuard
 
 log = logging.getLogger("spoolrl.rollout")
+T = TypeVar("T")
 TICK_S = 0.2
 ABORT_GRACE_S = 5.0  # after run_timeout_s the policy had this long to stop by itself
 # Slurm sends these to every process of the step, and proctrack/linuxproc does it deepest first: a
@@ -63,7 +65,7 @@ class NodeOptions:
 class NodeBase:
     """State shared by the node's threads, and the end of every episode and group."""
 
-    def __init__(self, paths: RunPaths, config: RunConfig, spool: Any, ops: TaskOps, policy: Policy,
+    def __init__(self, paths: RunPaths, config: RunConfig, spool: RolloutSpool, ops: TaskOps, policy: Policy,
                  options: NodeOptions, job_clock: JobClock | None = None) -> None:
         self.paths, self.config, self.spool, self.ops, self.opts = paths, config, spool, ops, options
         self.rollout = config.rollout
@@ -114,7 +116,7 @@ class NodeBase:
         self.draining, self.drain_deadline = reason, time.monotonic() + budget
         log.info("draining (%s): no new claims; in-flight groups have %.0f s", reason, budget)
 
-    def _spool_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _spool_call(self, fn: Callable[..., T], *args: object) -> T:
         with self.spool_lock:
             return fn(*args)
 
@@ -259,7 +261,7 @@ class NodeBase:
         for ep in live:
             ep.abort("drain")
         try:
-            self._spool_call(self.spool.release_task, group.lease)
+            self._spool_call(self.spool.release_task, group.claim.lease)
         except Exception:  # noqa: BLE001 - the lease then expires and the spool reclaims the task
             log.exception("releasing %s failed; its lease will expire", group.task_id)
         self.metrics.group_done(time.monotonic() - group.claimed_at, released=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from hpc.spool import RolloutSpool
 from hpc.trajectory import Trajectory
 from rollout_node.pipeline.episode import Group
 
@@ -20,7 +20,7 @@ log = logging.getLogger("spoolrl.rollout")
 
 
 class GroupSink:
-    def __init__(self, spool: Any, worker_id: str, spool_call: Callable[..., Any]) -> None:
+    def __init__(self, spool: RolloutSpool, worker_id: str, spool_call: Callable[..., object]) -> None:
         self._spool, self._call = spool, spool_call
         self._writer_cm = spool.writer(worker_id)
         self.writer = self._writer_cm.__enter__()
@@ -43,7 +43,7 @@ class GroupSink:
         keep = []
         for mark, group in self.awaiting:
             if all_ or pending == 0 or published > mark:
-                self._call(self._spool.finish_task, group.lease)
+                self._call(self._spool.finish_task, group.claim.lease)
             else:
                 keep.append((mark, group))
         self.awaiting = keep
