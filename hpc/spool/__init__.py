@@ -43,7 +43,7 @@ Two faces (:mod:`hpc.spool.faces`), both implemented by one :class:`Spool` compo
 queue, a shard queue and a fence (:mod:`hpc.spool.spool`); roles import only this package:
 
 - :class:`RolloutSpool`, what production rollout nodes call (``rollout_node.pipeline``):
-  ``claim_task`` (which also reclaims the leases of dead workers, at most every lease/4) ->
+  ``claim_task`` (which also reclaims the leases of dead workers, at most about every lease/4) ->
   ``heartbeat`` from a thread every ``heartbeat_interval_s`` -> ``writer(...).add_group`` ->
   ``finish_task`` once the group's shard is published (False = the lease was lost: the result is
   deduplicated, never trained twice) or ``release_task``; ``pending_work`` before claiming
@@ -62,9 +62,10 @@ newer trainer then never sees them as ready, so they are trained by the stale on
 """
 
 from hpc.arrival import SETTLE_S
+from hpc.shard import ShardWriter
 from hpc.spool.faces import ConsumerSpool, RolloutSpool
 from hpc.spool.lease import TaskLease
 from hpc.spool.shards import Shard
 from hpc.spool.spool import Spool
 
-__all__ = ["SETTLE_S", "ConsumerSpool", "RolloutSpool", "Shard", "Spool", "TaskLease"]
+__all__ = ["SETTLE_S", "ConsumerSpool", "RolloutSpool", "Shard", "ShardWriter", "Spool", "TaskLease"]
