@@ -51,28 +51,26 @@ class Spool:
         self.fencing = Fencing(self.fence_dir)
         self.shards = ShardQueue(shards, self.config, self.fencing)
         self._heartbeats: dict[str, Heartbeat] = {}
-        self._last_beat: dict[str, tuple[float, float]] = {}
+        self._last_beat: dict[str, float] = {}  # worker -> time.monotonic() of its last beat here
 
     # =========================================================================== rollout face
-    def claim_task(self, worker_id: str, lease_s: float | None = None) -> TaskLease | None:
+    def claim_task(self, worker_id: str) -> TaskLease | None:
         """Claim one ready task (None when none is ready); also reclaims leases of dead workers."""
-        lease_s = float(lease_s or self.config.lease_s)
         last = self._last_beat.get(worker_id)
-        if last is None or last[1] != lease_s or time.monotonic() - last[0] > self.config.heartbeat_interval_s / 2:
-            self.heartbeat(worker_id, lease_s=lease_s)  # claiming shows life; more often would only cost I/O
-        lease = self.tasks.claim(worker_id, lease_s)
+        if last is None or time.monotonic() - last > self.config.heartbeat_interval_s / 2:
+            self.heartbeat(worker_id)  # claiming shows life; more often would only cost I/O
+        lease = self.tasks.claim(worker_id, self.config.lease_s)
         if lease is None and self.tasks.maybe_reclaim():
-            lease = self.tasks.claim(worker_id, lease_s)
+            lease = self.tasks.claim(worker_id, self.config.lease_s)
         return lease
 
-    def heartbeat(self, worker_id: str, *, lease_s: float | None = None) -> None:
-        """Show that ``worker_id`` lives: call at least every ``heartbeat_interval_s``."""
+    def heartbeat(self, worker_id: str) -> None:
+        """Show that ``worker_id`` lives (for ``lease_s``): call at least every ``heartbeat_interval_s``."""
         hb = self._heartbeats.get(worker_id)
         if hb is None:
             hb = self._heartbeats[worker_id] = Heartbeat(self.heartbeat_dir, worker_id)
-        lease_s = float(lease_s or self.config.lease_s)
-        hb.beat(lease_s)
-        self._last_beat[worker_id] = (time.monotonic(), lease_s)
+        hb.beat(self.config.lease_s)
+        self._last_beat[worker_id] = time.monotonic()
 
     def writer(self, worker_id: str) -> ShardWriter:
         """A context manager with ``add(traj)``/``add_group(trajs)``; publishes sealed shards."""
