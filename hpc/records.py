@@ -163,7 +163,7 @@ class EndpointRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "endpoint record") -> EndpointRecord:
+    def from_json(cls, data: object, where: str = "endpoint record") -> EndpointRecord:
         if not isinstance(data, dict):
             raise RecordError(f"{where}: an endpoint record is a JSON object, not {type(data).__name__}")
         return cls(role=_opt_str(data, "role", where), url=_opt_str(data, "url", where),
@@ -241,7 +241,7 @@ class TaskRecord:
         return {**out, **self.fields}
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "spool task") -> TaskRecord:
+    def from_json(cls, data: object, where: str = "spool task") -> TaskRecord:
         if not isinstance(data, Mapping) or data.get("task_id") in (None, ""):
             raise RecordError(f"{where}: a task record is a JSON object with a task_id, not {str(data)[:80]!r}")
         return cls(task_id=str(data["task_id"]), group_size=_opt_int(data, "group_size", where),

@@ -71,6 +71,7 @@ from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
 from rollout_node.pipeline.bindings import RealTaskOps
+from rollout_node.pipeline.claim import read_claim
 from rollout_node.pipeline.episode import Episode, Group
 from rollout_node.pipeline.metrics import percentile
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
@@ -193,9 +194,9 @@ def run_monolithic(root: Path, args: argparse.Namespace, llm: LLMStandIn) -> dic
         wid = f"mono-{k}"
         with spool.writer(wid) as writer:
             while (lease := spool.claim_task(wid)) is not None:
-                task = ops.parse(lease.task)
-                group = Group(lease=lease, task_id=lease.task_id, task=task, task_dict=dict(lease.task), size=1,
-                              image=ops.image(task))
+                claim = read_claim(lease, ops.parse)
+                assert claim.task is not None, claim.error
+                group = Group(claim=claim, size=1, image=ops.image(claim.task))
                 ep = Episode(group, 0, 0, 0)
                 ep.enter("init")
                 stages.init(ep)

@@ -44,6 +44,9 @@ from hpc.config.spool import SpoolConfig
 from hpc.spool import Spool
 from hpc.trajectory import Trajectory
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "spool"))
+from spool_helpers import wait_for_shards  # noqa: E402  (a test-only spool call: polling for shards)
+
 CTX = multiprocessing.get_context("fork")
 TOKENS = 4096
 GROUP = 8
@@ -243,9 +246,9 @@ def traced_idle(base: str, seconds: float) -> None:
 
     run = Path(tempfile.mkdtemp(dir=base))
     spool = Spool(run)
-    spool.wait_for_shards("idle", 4, timeout_s=SETTLE_S + 1.5)
+    wait_for_shards(spool, "idle", 4, timeout_s=SETTLE_S + 1.5)
     _marker(MARK_START)
-    spool.wait_for_shards("idle", 4, timeout_s=seconds)
+    wait_for_shards(spool, "idle", 4, timeout_s=seconds)
     _marker(MARK_END)
 
 
@@ -331,7 +334,7 @@ def latency(base: Path, args: argparse.Namespace) -> dict[str, Any]:
     proc.start()
     seen: dict[str, float] = {}
     while len(seen) < args.latency_samples and (proc.is_alive() or spool.pending_work()):
-        for shard in spool.wait_for_shards("lat", 16, timeout_s=5):
+        for shard in wait_for_shards(spool, "lat", 16, timeout_s=5):
             seen[shard.shard_id] = time.time()
     proc.join()
     published = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines()]

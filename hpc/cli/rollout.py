@@ -28,9 +28,15 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc.cli.util import add_run_arg
+
+if TYPE_CHECKING:  # the roles load late: `spoolrl --help` stays light
+    from hpc.config import RunConfig
+    from hpc.paths import RunPaths
+    from rollout_node.pipeline.node import RolloutNode
+    from rollout_node.pipeline.policy import Policy
 
 DRAIN_SIGNALS = ("SIGUSR1", "SIGTERM", "SIGINT")
 EXIT_FAILING = 3  # the node stopped itself (rollout_node.pipeline.health)
@@ -54,7 +60,7 @@ def setup_logging(log_dir: Path, node_id: str) -> None:
         root.addHandler(handler)
 
 
-def make_policy(paths: Any, config: Any) -> Any:
+def make_policy(paths: RunPaths, config: RunConfig) -> Policy:
     """The scripted policy, an agent harness behind the gateway, or the LLM agent loop against the run's
     inference servers."""
     if config.rollout.policy == "scripted":
@@ -70,7 +76,7 @@ def make_policy(paths: Any, config: Any) -> Any:
     return LLMPolicy(paths, config)
 
 
-def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) -> Any:
+def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) -> RolloutNode:
     from hpc.errors import UsageError
     from hpc.paths import node_scratch, private_dir
     from hpc.rundir import open_run

@@ -18,9 +18,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc.errors import UsageError
+
+if TYPE_CHECKING:  # the roles load late: `spoolrl --help` stays light
+    from hpc.config import RunConfig
+    from rollout_node.tasks.instance import TaskInstance
 
 
 def register(sub: Any) -> None:
@@ -130,10 +134,10 @@ def repo_cache(source: str, cfg: Any, given: Path | None, tmp: Path, repos: set[
     return cache
 
 
-def check_task(task: Any, cfg: Any, cache: Path, scratch: Path, timeout_s: float) -> dict[str, Any]:
+def check_task(task: TaskInstance, cfg: RunConfig, cache: Path, scratch: Path, timeout_s: float) -> dict[str, Any]:
     """Gold and empty evaluation of one task, as the JSON row ``tasks check`` prints."""
     from rollout_node.tasks.harness import evaluate
-    kw = {"sandbox_cfg": cfg.sandbox, "scratch_dir": scratch, "repo_cache": cache, "timeout_s": timeout_s,
+    kw: dict[str, Any] = {"sandbox_cfg": cfg.sandbox, "scratch_dir": scratch, "repo_cache": cache, "timeout_s": timeout_s,
           "eval_python": cfg.tasks.eval_python}
     gold = evaluate(task, task.patch, **kw)
     empty = evaluate(task, "", **kw)

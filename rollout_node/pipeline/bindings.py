@@ -19,6 +19,7 @@ from hpc.errors import UsageError
 from hpc.paths import RunPaths
 from hpc.records import SPOOL_KEYS
 from hpc.trajectory import Status
+from rollout_node.tasks.instance import TaskInstance
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,19 @@ class EvalOutcome:
 class TaskOps(Protocol):
     """Everything the stages need from tasks and sandboxes."""
 
-    def parse(self, task: Mapping[str, Any]) -> Any: ...
+    def parse(self, task: Mapping[str, Any]) -> TaskInstance: ...
 
-    def image(self, task: Any) -> str: ...
+    def image(self, task: TaskInstance) -> str: ...
 
     def stage_image(self, image: str) -> None: ...
 
-    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None: ...
+    def prepare(self, task: TaskInstance, workdir: Path, timeout_s: float | None = None) -> None: ...
 
     def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]: ...
 
-    def collect_diff(self, task: Any, workdir: Path) -> str: ...
+    def collect_diff(self, task: TaskInstance, workdir: Path) -> str: ...
 
-    def evaluate(self, task: Any, diff: str, scratch: Path, timeout_s: float) -> EvalOutcome: ...
+    def evaluate(self, task: TaskInstance, diff: str, scratch: Path, timeout_s: float) -> EvalOutcome: ...
 
     def image_cached(self, image: str) -> bool: ...
 
@@ -74,9 +75,9 @@ class RealTaskOps:
         self.repo_cache = Path(config.tasks.repo_cache) if config.tasks.repo_cache else paths.repos
         self._repos_lock = threading.Lock()
         self._builtin_ready = False
-        self._by_id: dict[str, Any] | None = None
+        self._by_id: dict[str, TaskInstance] | None = None
 
-    def parse(self, task: Mapping[str, Any]) -> Any:
+    def parse(self, task: Mapping[str, Any]) -> TaskInstance:
         """A spool record -> TaskInstance: inline fields, or ``instance_id`` looked up in tasks.source."""
         from rollout_node.tasks import task_from_dict
 
@@ -90,7 +91,7 @@ class RealTaskOps:
                              f"tasks.source {self.config.tasks.source!r}")
         return found
 
-    def _instances(self) -> dict[str, Any]:
+    def _instances(self) -> dict[str, TaskInstance]:
         with self._repos_lock:
             if self._by_id is None:
                 from rollout_node.tasks import load_tasks
@@ -98,7 +99,7 @@ class RealTaskOps:
                 self._by_id = {t.instance_id: t for t in load_tasks(self.config.tasks.source)}
             return self._by_id
 
-    def image(self, task: Any) -> str:
+    def image(self, task: TaskInstance) -> str:
         return str(getattr(task, "image", "") or self.config.sandbox.image or "")
 
     def _ensure_repos(self) -> None:
@@ -129,7 +130,7 @@ class RealTaskOps:
 
         self._image_cache().stage(image or default_image()).release()
 
-    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None:
+    def prepare(self, task: TaskInstance, workdir: Path, timeout_s: float | None = None) -> None:
         from rollout_node.tasks import prepare_workdir
 
         self._ensure_repos()
@@ -141,12 +142,12 @@ class RealTaskOps:
         return open_sandbox(self.config.sandbox, workdir, image=image or None,
                             disk_bytes=int(self.config.rollout.scratch_per_episode_gb * 2**30))
 
-    def collect_diff(self, task: Any, workdir: Path) -> str:
+    def collect_diff(self, task: TaskInstance, workdir: Path) -> str:
         from rollout_node.tasks import collect_diff
 
         return collect_diff(workdir, task, self.repo_cache)
 
-    def evaluate(self, task: Any, diff: str, scratch: Path, timeout_s: float) -> EvalOutcome:
+    def evaluate(self, task: TaskInstance, diff: str, scratch: Path, timeout_s: float) -> EvalOutcome:
         from rollout_node.tasks import evaluate
 
         self._ensure_repos()

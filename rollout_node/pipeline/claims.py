@@ -4,28 +4,45 @@ The feeder claims tasks from the spool while :class:`~rollout_node.pipeline.clai
 allows (drain, backpressure, job time left, ``max_episodes``), keeps up to
 ``rollout.claim_lookahead`` claimed groups as a backlog (a task whose image is cached first), and
 queues a group's episodes for INIT; retries go first. On drain or shutdown it releases its backlog.
-The heartbeat thread shows the spool that the node lives (which keeps its leases) every
-``spool.heartbeat_interval_s``.
+Each claim is parsed once (:mod:`~rollout_node.pipeline.claim`). The heartbeat thread shows the
+spool that the node lives (which keeps its leases) every ``spool.heartbeat_interval_s``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
 
-from hpc.records import TaskRecord
+from hpc.config import RunConfig
+from hpc.spool import RolloutSpool, TaskLease
 from hpc.trajectory import Status
-from rollout_node.pipeline.episode import Episode, Group
-from rollout_node.pipeline.outcomes import NodeBase
+from rollout_node.pipeline.bindings import TaskOps
+from rollout_node.pipeline.claim import read_claim
+from rollout_node.pipeline.claimgate import ClaimGate
+from rollout_node.pipeline.control import ControlFiles
+from rollout_node.pipeline.episode import Group
+from rollout_node.pipeline.outcomes import Outcomes
+from rollout_node.pipeline.state import Drain, InFlight, StageQueues
 
 log = logging.getLogger("spoolrl.rollout")
 
 
-class NodeClaims(NodeBase):
-    """The feeder (claims) and heartbeat threads."""
+class Claims:
+    """The feeder (claims) and heartbeat threads of one node."""
+
+    def __init__(self, config: RunConfig, worker_id: str, spool: RolloutSpool, ops: TaskOps, gate: ClaimGate,
+                 control: ControlFiles, inflight: InFlight, drain: Drain, outcomes: Outcomes,
+                 queues: StageQueues, stopping: threading.Event, max_episodes: int | None) -> None:
+        self.config, self.worker_id, self.spool, self.ops, self.gate = config, worker_id, spool, ops, gate
+        self.control, self.inflight, self.drain, self.outcomes = control, inflight, drain, outcomes
+        self.queues, self.stopping, self.max_episodes = queues, stopping, max_episodes
+        self.claiming = False  # a claim is under way (read with the groups, under the in-flight lock)
+        self.spool_dry = False  # the last claim found no task
+        self.claimed_samples = 0
+        self.not_claiming = ""  # why the gate refused the last claim ('' when it allowed it)
 
     # ------------------------------------------------------------------ feeder (claims)
-    def _feeder(self) -> None:
+    def feeder(self) -> None:
         backlog: list[Group] = []
         while not self.stopping.is_set():
             try:
@@ -33,22 +50,21 @@ class NodeClaims(NodeBase):
                     self.stopping.wait(self.config.spool.poll_interval_s)
             except Exception:  # noqa: BLE001 - a spool hiccup must not kill the feeder
                 log.exception("feeder: claiming failed; retrying")
-                self.metrics.failure("claim_error")
+                self.outcomes.metrics.failure("claim_error")
                 self.stopping.wait(self.config.spool.poll_interval_s)
         for group in backlog:
-            self._release_group(group, "shutdown")
+            self.outcomes.release_group(group, "shutdown")
 
     def _feed_once(self, backlog: list[Group]) -> bool:
-        with self.lock:
-            retry = self.retries.popleft() if self.retries else None
+        retry = self.inflight.take_retry()
         if retry is not None:
-            self._put("init", retry)
+            self.queues.put("init", retry)
             return True
-        if self.draining:
+        if self.drain.reason:
             while backlog:
-                self._release_group(backlog.pop(), f"drain ({self.draining})")
+                self.outcomes.release_group(backlog.pop(), f"drain ({self.drain.reason})")
             return False
-        while len(backlog) < self.rollout.claim_lookahead and self._may_claim():
+        while len(backlog) < self.config.rollout.claim_lookahead and self.may_claim():
             group = self._claim()
             if group is None:
                 break
@@ -60,53 +76,47 @@ class NodeClaims(NodeBase):
         for i in range(group.size):
             if group.closed:
                 break
-            self._put("init", Episode(group, i, 0, self._seed(group, i, 0)))
+            self.queues.put("init", self.outcomes.episode(group, i, 0))
         return True
 
-    def _may_claim(self) -> bool:
-        self.not_claiming = self.gate.reason(self.claimed_samples, self.opts.max_episodes)
-        return not self.not_claiming and not self.draining
+    def may_claim(self) -> bool:
+        """Whether the gate lets the feeder claim now (``not_claiming`` says why not)."""
+        self.not_claiming = self.gate.reason(self.claimed_samples, self.max_episodes)
+        return not self.not_claiming and not self.drain.reason
 
     def _claim(self) -> Group | None:
-        with self.lock:
+        with self.inflight.lock:
             self.claiming = True
         try:
-            lease = self._spool_call(self.spool.claim_task, self.worker_id)
+            lease = self.spool.claim_task(self.worker_id)
             group = self._group_of(lease) if lease is not None else None
             self.spool_dry = lease is None
             return group
         finally:
-            with self.lock:
+            with self.inflight.lock:
                 self.claiming = False
 
-    def _group_of(self, lease: Any) -> Group | None:
-        task_dict = dict(lease.task)
-        size = self.config.algorithm.group_size
-        try:
-            size = TaskRecord.from_json(task_dict).group_size or size
-            task = self.ops.parse(task_dict)
-        except Exception as exc:  # noqa: BLE001 - a malformed task is accounted for, not fatal
-            task = None
-            error = f"malformed task: {exc}"
-        group = Group(lease=lease, task_id=str(lease.task_id), task=task, task_dict=task_dict, size=size,
-                      image=self.ops.image(task) if task is not None else "")
-        with self.lock:
-            self.groups[group.task_id] = group
+    def _group_of(self, lease: TaskLease) -> Group | None:
+        claim = read_claim(lease, self.ops.parse)
+        size = claim.record.group_size or self.config.algorithm.group_size
+        group = Group(claim=claim, size=size, image=self.ops.image(claim.task) if claim.task is not None else "")
+        with self.inflight.lock:
+            self.inflight.groups[group.task_id] = group
             self.claimed_samples += size
-        if task is None:
-            self._close_with(group, Status.NODE_ERROR, error)
+        if claim.task is None:
+            self.outcomes.close_with(group, Status.NODE_ERROR, claim.error)
             return None
         self.control.refresh()
         if self.control.cancelled(group.task_id):
-            self._cancel_group(group)
+            self.outcomes.cancel_group(group)
             return None
         return group
 
     # ------------------------------------------------------------------ heartbeat
-    def _heartbeat(self) -> None:
+    def heartbeat(self) -> None:
         while True:
             try:
-                self._spool_call(self.spool.heartbeat, self.worker_id)
+                self.spool.heartbeat(self.worker_id)
             except Exception:  # noqa: BLE001 - one missed beat is survivable; the lease is long
                 log.exception("heartbeat failed")
             if self.stopping.wait(self.config.spool.heartbeat_interval_s):

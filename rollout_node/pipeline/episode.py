@@ -16,20 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from hpc.records import TaskRecord
 from hpc.trajectory import Status, Trajectory
+from rollout_node.pipeline.claim import Claim
 from rollout_node.pipeline.evalshare import SharedEvals
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
+from rollout_node.tasks.instance import TaskInstance
 
 
 @dataclass(eq=False)
 class Group:
     """One claimed task and the results of its samples."""
 
-    lease: Any
-    task_id: str
-    task: Any
-    task_dict: dict[str, Any]
+    claim: Claim
     size: int
     image: str
     claimed_at: float = field(default_factory=time.monotonic)
@@ -40,6 +38,17 @@ class Group:
     started: bool = False  # an episode of it entered INIT (a drain releases unstarted groups at once)
     cancel: str | None = None
     evals: SharedEvals = field(default_factory=SharedEvals)  # one EVAL per distinct diff (rollout.eval_dedup)
+
+    @property
+    def task_id(self) -> str:
+        return self.claim.task_id
+
+    @property
+    def task(self) -> TaskInstance:
+        """The parsed task; a malformed claim's group is closed at claim time and never staged."""
+        if self.claim.task is None:
+            raise RuntimeError(f"task {self.task_id} is malformed ({self.claim.error}): it has no stages")
+        return self.claim.task
 
     @property
     def group_id(self) -> str:
@@ -150,6 +159,6 @@ class Episode:
             metrics={**(out.metrics if out else {}), **self.metrics, "sample_attempt": self.attempt,
                      **({} if n == 1 else {"segment": k, "segments_per_episode": n})},
             sampling={"seed": self.seed, "sample_attempt": self.attempt, **(out.sampling if out else {})},
-            attempt=int(getattr(self.group.lease, "attempt", 0)), prompt_len=tr.prompt_len,
-            task_version=TaskRecord.from_json(self.group.task_dict).task_version,
+            attempt=self.group.claim.attempt, prompt_len=tr.prompt_len,
+            task_version=self.group.claim.record.task_version,
         )

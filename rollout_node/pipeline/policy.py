@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpc.trajectory import Status
+from rollout_node.tasks.instance import TaskInstance
 
 
 @dataclass
@@ -80,8 +81,8 @@ class Transcript:
 class EpisodeContext:
     """Everything one episode may use; built by the RUN stage."""
 
-    task: Any                     # the parsed task instance (rollout_node.tasks.TaskInstance)
-    task_dict: Mapping[str, Any]  # the spool's task record
+    task: TaskInstance            # the parsed task (parsed once, at claim time: pipeline.claim)
+    task_dict: Mapping[str, Any]  # the spool's task record as claimed
     task_id: str
     sandbox: Any                  # an open rollout_node.sandbox Sandbox
     workdir: Path                 # host side of the sandbox's /work

@@ -10,9 +10,9 @@ the node calls it under its write lock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from hpc.spool import RolloutSpool
 from hpc.trajectory import Trajectory
 from rollout_node.pipeline.episode import Group
 
@@ -20,8 +20,8 @@ log = logging.getLogger("spoolrl.rollout")
 
 
 class GroupSink:
-    def __init__(self, spool: Any, worker_id: str, spool_call: Callable[..., Any]) -> None:
-        self._spool, self._call = spool, spool_call
+    def __init__(self, spool: RolloutSpool, worker_id: str) -> None:
+        self._spool = spool
         self._writer_cm = spool.writer(worker_id)
         self.writer = self._writer_cm.__enter__()
         self.awaiting: list[tuple[int, Group]] = []  # (shards published when written, group)
@@ -43,7 +43,7 @@ class GroupSink:
         keep = []
         for mark, group in self.awaiting:
             if all_ or pending == 0 or published > mark:
-                self._call(self._spool.finish_task, group.lease)
+                self._spool.finish_task(group.claim.lease)
             else:
                 keep.append((mark, group))
         self.awaiting = keep

@@ -96,7 +96,7 @@ class Stages:
 
     def _context(self, ep: Episode, sandbox: object) -> EpisodeContext:
         return EpisodeContext(
-            task=ep.group.task, task_dict=ep.group.task_dict, task_id=ep.group.task_id, sandbox=sandbox,
+            task=ep.group.task, task_dict=ep.group.claim.fields, task_id=ep.group.task_id, sandbox=sandbox,
             workdir=ep.workdir or Path("."), seed=ep.seed, sample_index=ep.sample_index, attempt=ep.attempt,
             deadline=ep.stage_t0 + self.rollout.run_timeout_s,
             command_timeout_s=self.config.sandbox.command_timeout_s, policy_version=self.policy_version,

@@ -36,7 +36,7 @@ from typing import Any
 
 from hpc.config import RunConfig
 from hpc.paths import RunPaths
-from hpc.spool import Spool
+from hpc.spool import ConsumerSpool, Spool
 from hpc.trajectory import Trajectory
 from rollout_node.pipeline.control import cancel_dir, request_cancel
 from rollout_node.service import wire
@@ -92,7 +92,7 @@ class FrontDoor:
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.consumer = f"raas-{socket.gethostname().split('.')[0]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.io = ThreadPoolExecutor(1, thread_name_prefix="raas-spool")
-        self.spool: Spool | None = None
+        self.spool: ConsumerSpool | None = None
         self.jobs: dict[str, Job] = {}          # task id -> job
         self.by_job_id: dict[str, set[str]] = {}  # job id -> task ids (a group shares one job id)
         self.counts: Counter[str] = Counter()
@@ -108,7 +108,7 @@ class FrontDoor:
         self.spool = await self._io(self._open_spool)
         self._pump = asyncio.create_task(self._pump_loop(), name="raas-pump")
 
-    def _open_spool(self) -> Spool:
+    def _open_spool(self) -> ConsumerSpool:
         spool = Spool(self.paths.root, self.config.spool)
         spool.fence(self.consumer)  # the only consumer of this run's shards from now on
         return spool

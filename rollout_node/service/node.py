@@ -1,7 +1,8 @@
 """A rollout node serving the API: the pipeline's :class:`~rollout_node.pipeline.node.RolloutNode`
 unchanged (claims from the run's spool, INIT -> RUN -> EVAL, groups written to shards, leases,
-cancellation, drain), with :class:`~rollout_node.service.policy.ServicePolicy` as its policy and the
-episode's diff kept on the trajectory as ``git_patch`` for the API's answer.
+cancellation, drain), with :class:`~rollout_node.service.policy.ServicePolicy` as its policy and, as
+its episode notes (:data:`~rollout_node.pipeline.outcomes.EpisodeNotes`), the episode's diff kept on
+the trajectory as ``git_patch`` for the API's answer.
 
 Guarantee: a service node is a rollout node in every other respect (same sandboxes, tasks code,
 limits, fault table and exactly-once spool rules), so any number of them, on any hosts, serve one
@@ -11,24 +12,35 @@ front door by sharing its run directory.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from hpc.trajectory import Status
+from hpc.config import RunConfig
+from hpc.paths import RunPaths
+from hpc.spool import RolloutSpool
+from rollout_node.pipeline.bindings import TaskOps
+from rollout_node.pipeline.control import JobClock
 from rollout_node.pipeline.episode import Episode
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
+from rollout_node.pipeline.policy import Policy
+
+
+def service_notes(ep: Episode, worker_id: str) -> None:
+    """What the API answers with besides the trajectory: the diff evaluated (ProRL's ``git_patch``)
+    and the node that ran the episode."""
+    ep.metrics["node"] = worker_id
+    if ep.diff:
+        ep.metrics["git_patch"] = ep.diff
 
 
 class ServiceNode(RolloutNode):
-    """``RolloutNode`` that records the diff it evaluated (ProRL's ``git_patch``) and its worker id."""
+    """A ``RolloutNode`` with :func:`service_notes` as its episode notes."""
 
-    def _complete(self, ep: Episode, status: Status, reward: float | None) -> None:
-        ep.metrics["node"] = self.worker_id
-        if ep.diff:
-            ep.metrics["git_patch"] = ep.diff
-        super()._complete(ep, status, reward)
+    def __init__(self, paths: RunPaths, config: RunConfig, spool: RolloutSpool, ops: TaskOps, policy: Policy,
+                 options: NodeOptions, job_clock: JobClock | None = None) -> None:
+        super().__init__(paths, config, spool, ops, policy, options, job_clock, notes=service_notes)
 
 
-def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any = None) -> ServiceNode:
+def build_service_node(run: str, node_id: str, *, policy: Policy | None = None,
+                       ops: TaskOps | None = None) -> ServiceNode:
     """Wire a service node on ``run`` (the same parts ``spoolrl rollout-node`` builds)."""
     from hpc.errors import UsageError
     from hpc.paths import node_scratch, private_dir
@@ -49,7 +61,7 @@ def build_service_node(run: str, node_id: str, *, policy: Any = None, ops: Any =
                        policy or make_service_policy(paths, config), options)
 
 
-def make_service_policy(paths: Any, config: Any) -> Any:
+def make_service_policy(paths: RunPaths, config: RunConfig) -> Policy:
     """The LLM agent, or the configured harness behind the node's gateway (``rollout.policy: harness``),
     with least-assigned balancing over RUN/endpoints (backends the API registers); requests carry the
     run secret as every run-dir client's do (``InferenceClient.from_config``)."""

@@ -154,11 +154,11 @@ def test_no_announced_server_means_no_claims(tmp_path: Path, tiny_model: Path) -
     node = RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), RealTaskOps(paths, cfg), policy,
                        NodeOptions(node_id="n0", workers=Workers(1, 1, 1), scratch=tmp_path / "node", once=True))
     try:
-        assert node._may_claim() is False and node.not_claiming == "no_inference_server"
+        assert node.claims.may_claim() is False and node.claims.not_claiming == "no_inference_server"
         (paths.endpoints / "infer-a.json").write_text(json.dumps(
             {"url": "http://127.0.0.1:9", "version": VERSION, "heartbeat": 1, "role": "infer"}))
         time.sleep(1.1)  # the endpoint directory is rescanned at most once a second
-        assert node._may_claim() is True and node.not_claiming == ""
+        assert node.claims.may_claim() is True and node.claims.not_claiming == ""
     finally:
         policy.close()
 

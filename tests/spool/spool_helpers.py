@@ -1,4 +1,6 @@
-"""Helpers of the spool tests: trajectory builders and the bodies of forked worker processes.
+"""Helpers of the spool tests: trajectory builders, the bodies of forked worker processes, and the
+spool calls only tests (and ``scripts/bench_spool.py``) make: ``keepalive``, ``backpressure``,
+``drop``, ``wait_for_shards`` (production's calls are listed in :mod:`hpc.spool`).
 
 Workers run in real processes (``fork``: no interpreter start-up per process, so hundreds of
 processes stay cheap) and report through files, never through shared memory.
@@ -6,19 +8,25 @@ processes stay cheap) and report through files, never through shared memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import random
+import secrets
 import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hpc.config.spool import SpoolConfig
-from hpc.spool import Spool
+from hpc.errors import SpoolError
+from hpc.fsutil import publish_file, safe_name
+from hpc.spool import Shard, Spool
 from hpc.trajectory import Trajectory
 
 CTX = multiprocessing.get_context("fork")
@@ -64,6 +72,55 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------ test-only spool calls
+
+
+@contextlib.contextmanager
+def keepalive(spool: Spool, worker_id: str) -> Iterator[None]:
+    """Heartbeat ``worker_id`` every ``heartbeat_interval_s`` from a thread while the block runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(spool.config.heartbeat_interval_s):
+            with contextlib.suppress(SpoolError):
+                spool.heartbeat(worker_id)
+
+    spool.heartbeat(worker_id)
+    thread = threading.Thread(target=beat, name=f"heartbeat-{worker_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def backpressure(spool: Spool) -> bool:
+    """The rollout node's backpressure rule (``ClaimGate``): too much unconsumed work."""
+    return spool.pending_work() >= spool.config.max_ready_shards
+
+
+def drop(spool: Spool, trajectories: Sequence[Trajectory], reason: str, process: str) -> None:
+    """Write a ``dropped/`` record (the format ``Spool.stats`` counts as ``trajectories_dropped_other``)."""
+    rows = [{"trajectory_id": t.trajectory_id, "task_id": t.task_id, "reason": reason} for t in trajectories]
+    record = {"process": process, "reason": reason, "t": time.time(), "trajectories": rows}
+    name = f"{int(time.time() * 1000):013d}-{safe_name(process)}-{secrets.token_hex(4)}.json"
+    publish_file(spool.dropped_dir / name, json.dumps(record).encode())
+
+
+def wait_for_shards(spool: Spool, consumer_id: str, max_shards: int, timeout_s: float) -> list[Shard]:
+    """Poll (interval ``poll_interval_s`` +-20 %) until shards arrive or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shards = spool.claim_shards(consumer_id, max_shards, if_changed=True)
+        if shards:
+            return shards
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return []
+        time.sleep(min(left, spool.config.poll_interval_s * random.uniform(0.8, 1.2)))
 
 
 # ------------------------------------------------------------------------------------ workers

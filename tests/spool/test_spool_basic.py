@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spool_helpers import make_group, make_traj
+from spool_helpers import backpressure, drop, keepalive, make_group, make_traj
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import FencedError, SpoolError
@@ -77,11 +77,11 @@ def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> N
     live = spool.claim_task("live")
     assert dead is not None and live is not None
     reaper = Spool(tmp_path, config)
-    assert reaper.reclaim_expired() == 0  # first sight: a fresh observer never reclaims
-    with spool.keepalive("live"):  # "live" keeps beating from a thread, "dead" does not
+    assert reaper.tasks.reclaim_expired() == 0  # first sight: a fresh observer never reclaims
+    with keepalive(spool, "live"):  # "live" keeps beating from a thread, "dead" does not
         for _ in range(3):
             time.sleep(0.6)
-            reaper.reclaim_expired()
+            reaper.tasks.reclaim_expired()
     stats = reaper.stats()
     assert (stats["tasks_ready"], stats["tasks_claimed"]) == (1, 1)
     assert not spool.finish_task(dead)  # late: rejected
@@ -226,16 +226,16 @@ def test_backpressure_counts_unconsumed_shards(tmp_path: Path) -> None:
     with spool.writer("w") as writer:
         writer.add_group(make_group("a", 1))
         writer.add_group(make_group("b", 1))
-        assert spool.pending_work() == 2 and not spool.backpressure()
+        assert spool.pending_work() == 2 and not backpressure(spool)
         writer.add_group(make_group("c", 1))
-        assert spool.pending_work() == 3 and spool.backpressure()
+        assert spool.pending_work() == 3 and backpressure(spool)
     spool.claim_shards("c", 2)
-    assert spool.pending_work() == 1 and not spool.backpressure()
+    assert spool.pending_work() == 1 and not backpressure(spool)
 
 
 def test_drop_records_account_for_trajectories(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
-    spool.drop(make_group("stale", 3), reason="too_stale", process="trainer")
+    drop(spool, make_group("stale", 3), reason="too_stale", process="trainer")
     assert spool.stats()["trajectories_dropped_other"] == 3
     (record,) = [json.loads(p.read_text()) for p in spool.dropped_dir.iterdir()]
     assert record["reason"] == "too_stale" and len(record["trajectories"]) == 3
@@ -264,14 +264,14 @@ def test_liveness_reads_counters_never_mtimes(tmp_path: Path) -> None:
     spool.put_tasks([{"task_id": "a"}, {"task_id": "b"}])
     assert spool.claim_task("beating-old-mtime") and spool.claim_task("silent-fresh-mtime")
     reaper = Spool(tmp_path, config)
-    reaper.reclaim_expired()
+    reaper.tasks.reclaim_expired()
     hb_dir = spool.heartbeat_dir
     for _ in range(3):
         time.sleep(0.5)
         spool.heartbeat("beating-old-mtime")
         os.utime(hb_dir / "beating-old-mtime", (0, 0))  # 1970: a clock-based check would call it dead
         os.utime(hb_dir / "silent-fresh-mtime")  # touched now, counter unchanged: dead
-        reaper.reclaim_expired()
+        reaper.tasks.reclaim_expired()
     stats = reaper.stats()
     assert (stats["tasks_ready"], stats["tasks_claimed"]) == (1, 1)
     assert os.listdir(spool.tasks.claimed / "beating-old-mtime")

@@ -36,7 +36,7 @@ def test_stopped_claimer_resumed_late_is_not_trained_twice(tmp_path: Path) -> No
     _wait_state(proc.pid, "T")  # claimed T, then SIGSTOPped itself
     reaper = Spool(tmp_path, config)
     deadline = time.monotonic() + 30
-    while not reaper.reclaim_expired():
+    while not reaper.tasks.reclaim_expired():
         assert time.monotonic() < deadline, "the stopped worker's lease was never reclaimed"
         time.sleep(0.2)
     lease = reaper.claim_task("fresh")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from spool_helpers import CTX, make_group, make_traj, start
+from spool_helpers import CTX, make_group, make_traj, start, wait_for_shards
 
 import hpc.arrival as arrival_module
 from hpc.cli import main as cli_main
@@ -240,10 +240,10 @@ def _write_later(run: str) -> None:
 
 def test_wait_for_shards_sees_a_shard_from_another_process(tmp_path: Path) -> None:
     spool = Spool(tmp_path, SpoolConfig(poll_interval_s=0.2))
-    assert spool.wait_for_shards("c", 4, timeout_s=0.3) == []
+    assert wait_for_shards(spool, "c", 4, timeout_s=0.3) == []
     proc = CTX.Process(target=_write_later, args=(str(tmp_path),))
     proc.start()
-    shards = spool.wait_for_shards("c", 4, timeout_s=30)
+    shards = wait_for_shards(spool, "c", 4, timeout_s=30)
     proc.join()
     assert [len(s) for s in shards] == [2]
 

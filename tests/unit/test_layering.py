@@ -4,6 +4,10 @@
   ``rollout_node`` nor ``train_node`` nor the CLI face ``hpc.cli``.
 - ``rollout_node`` and ``train_node`` never import each other, and neither imports the face.
 - Only ``hpc.cli`` (the face) may import every role.
+- The roles reach the spool only through its package, ``hpc.spool`` (its faces ``RolloutSpool`` /
+  ``ConsumerSpool``, ``Spool``, ``Shard``, ``TaskLease``): never a module inside it
+  (``hpc.spool.lease``, ``hpc.spool.shards``, ...) nor the shard format and arrival order under it
+  (``hpc.shard``, ``hpc.arrival``).
 
 Imports are read with ``ast`` (``import``, ``from ... import`` with relative levels resolved, and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name), so an import hidden
@@ -23,6 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "rollout_node", "train_node")
 SKIP = ("rollout_node/tasks/builtin/repos/",)  # the built-in tasks' repositories: data, not spoolrl code
 FACE = "hpc.cli"
+ROLES = ("rollout_node", "train_node")
+SPOOL = "hpc.spool"
+SPOOL_INTERNALS = ("hpc.shard", "hpc.arrival")  # used by the spool; the roles see them through it
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -86,6 +93,28 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+def spool_internal(root: Path, name: str) -> bool:
+    """Is ``name`` a module inside the spool package (not a name its ``__init__`` exports)?"""
+    if any(_within(name, m) for m in SPOOL_INTERNALS):
+        return True
+    if not name.startswith(SPOOL + "."):
+        return False
+    first = name[len(SPOOL) + 1:].split(".")[0]
+    package = root / SPOOL.replace(".", "/")
+    return (package / f"{first}.py").is_file() or (package / first / "__init__.py").is_file()
+
+
+def _spool_violations(root: Path, rel: str, module: str, source: str, is_package: bool) -> list[str]:
+    if module.split(".")[0] not in ROLES:
+        return []
+    hits: dict[int, str] = {}  # one line per import statement
+    for line, name in imported_names(source, module, is_package):
+        if spool_internal(root, name):
+            hits.setdefault(line, name)
+    return [f"{rel}:{line}: {module} imports {name} (a role uses the spool through {SPOOL} only)"
+            for line, name in hits.items()]
+
+
 def violations(root: Path) -> list[str]:
     found = []
     for package in PACKAGES:
@@ -95,8 +124,10 @@ def violations(root: Path) -> list[str]:
                 continue
             module = module_name(root, path)
             banned = forbidden_for(module)
+            source, is_package = path.read_text(), path.name == "__init__.py"
+            found += _spool_violations(root, rel, module, source, is_package)
             reported: set[int] = set()  # one line per import statement (`from X import a, b` names X and X.a)
-            for line, name in imported_names(path.read_text(), module, path.name == "__init__.py"):
+            for line, name in imported_names(source, module, is_package):
                 hit = next((b for b in banned if _within(name, b)), None)
                 if hit and line not in reported:
                     reported.add(line)
@@ -122,15 +153,18 @@ def _plant(root: Path, files: dict[str, str]) -> None:
     ("hpc/status.py", "def f():\n    from rollout_node.sandbox import open_sandbox\n"),
     ("hpc/demo.py", "import train_node.infer.tiny\n"),
     ("hpc/launch.py", "def f():\n    from hpc.cli.run import init_run\n"),
-    ("hpc/spool.py", "from hpc import cli\n"),
+    ("hpc/spool/spool.py", "from hpc import cli\n"),
     ("hpc/config/base.py", "from .. import cli\n"),
     ("rollout_node/pipeline/node.py", "from hpc.cli.util import print_json\n"),
     ("rollout_node/agent/loop.py", "def f():\n    import train_node\n"),
     ("train_node/trainer/loop.py", "class A:\n    def f(self):\n        from rollout_node.agent import AgentLoop\n"),
     ("train_node/infer/node.py", "import importlib\nimportlib.import_module('hpc.cli')\n"),
+    ("rollout_node/pipeline/sink.py", "from hpc.spool.lease import TaskLease\n"),
+    ("train_node/trainer/consumer.py", "def f():\n    from hpc.spool import shards\n"),
+    ("train_node/trainer/loop.py", "import hpc.shard\n"),
 ])
 def test_a_planted_violation_is_found(tmp_path: Path, rel: str, text: str) -> None:
-    _plant(tmp_path, {rel: text})
+    _plant(tmp_path, {rel: text, "hpc/spool/__init__.py": "", "hpc/spool/lease.py": "", "hpc/spool/shards.py": ""})
     found = violations(tmp_path)
     assert len(found) == 1 and found[0].startswith(f"{rel}:"), found
 
@@ -142,6 +176,10 @@ def test_the_face_and_core_internals_are_allowed(tmp_path: Path) -> None:
         "hpc/status.py": "from hpc.spool import Spool\nfrom . import paths\n",
         "rollout_node/tasks/harness.py": "from hpc.trajectory import Trajectory\nfrom .instance import TaskInstance\n",
         "train_node/trainer/feeder.py": "import importlib.util\nimportlib.util.find_spec('rollout_node')\n",
+        "train_node/trainer/loop.py": "from hpc.spool import ConsumerSpool, Spool\nimport hpc.spool\n",
+        "rollout_node/pipeline/claim.py": "from hpc.spool import TaskLease\n",
+        "hpc/spool/spool.py": "from hpc.spool.lease import TaskQueue\nfrom hpc.shard import ShardWriter\n",
+        "hpc/spool/lease.py": "",
     })
     assert violations(tmp_path) == []
 

@@ -35,18 +35,15 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from hpc.config import AlgorithmConfig
+from hpc.spool import ConsumerSpool, Shard
 from hpc.trajectory import Status, Trajectory, training_refusal
 from train_node.trainer.loss import step_advantages
 from train_node.trainer.packing import Sample
-
-
-class SpoolLike(Protocol):
-    def claim_shards(self, consumer_id: str, max_shards: int) -> list[Any]: ...
 
 
 @dataclass
@@ -120,7 +117,7 @@ class _Open:
 class Consumer:
     """Not thread-safe by itself: the batch source serialises calls with ``lock``."""
 
-    def __init__(self, spool: SpoolLike, consumer_id: str, acfg: AlgorithmConfig, *, max_seq_len: int,
+    def __init__(self, spool: ConsumerSpool, consumer_id: str, acfg: AlgorithmConfig, *, max_seq_len: int,
                  state: ConsumerState | None = None, claim_batch: int = 8) -> None:
         self.spool, self.consumer_id, self.acfg = spool, consumer_id, acfg
         self.max_seq_len = max_seq_len
@@ -147,11 +144,11 @@ class Consumer:
         self.shards_claimed += len(shards)
         return len(shards)
 
-    def _intake(self, shard: Any) -> None:
+    def _intake(self, shard: Shard) -> None:
         sid = shard.shard_id
         already = self.state.resolved.get(sid, set())
         entry = self.open[sid] = _Open(total=0, done=set(already))
-        for row in getattr(shard, "dropped", []):
+        for row in shard.dropped:
             entry.total += 1
             if row["trajectory_id"] not in already:
                 self._resolve(sid, row["trajectory_id"], row["task_id"], "dropped", row.get("reason", "duplicate_task"))
@@ -306,9 +303,6 @@ class Consumer:
             self._drop_group([(batch.shard_of[t.trajectory_id], t) for t in group], reason, group[0].task_id)
 
     # ------------------------------------------------------------------ checkpoint hand-off
-    def buffered_groups(self) -> int:
-        return len(self.groups)
-
     def complete_groups(self) -> int:
         return len(self.staged) + sum(1 for k in self.groups if self._complete(k))
 
@@ -337,8 +331,3 @@ class Consumer:
         ledger, covered = self.ledger, self.covered
         self.ledger, self.covered = [], []
         return ledger, covered, self.state.to_json()
-
-    def restore_delta(self, ledger: list[dict[str, Any]], covered: list[str]) -> None:
-        """Undo ``take_checkpoint_delta`` when the checkpoint failed (the outcomes still need a home)."""
-        self.ledger = ledger + self.ledger
-        self.covered = covered + self.covered

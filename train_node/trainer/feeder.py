@@ -34,22 +34,9 @@ from typing import Any, Protocol
 
 from hpc.errors import UsageError
 from hpc.records import TaskRecord
+from hpc.spool import ConsumerSpool
 
 MAX_REISSUES = 3
-
-
-class TaskSink(Protocol):
-    def put_tasks(self, tasks: list[dict[str, Any]]) -> int: ...
-
-
-class TaskSpool(TaskSink, Protocol):
-    """What the feeder asks the spool (:class:`hpc.spool.Spool`)."""
-
-    def open_tasks(self, task_ids: list[str]) -> set[str]: ...
-
-    def unconsumed_shards(self, consumer_id: str) -> set[str]: ...
-
-    def reissue_task(self, task: dict[str, Any]) -> str: ...
 
 
 class Resolutions(Protocol):
@@ -120,7 +107,7 @@ class Feeder:
         return TaskRecord(task_id=f"{iid}@e{epoch}", instance_id=iid, epoch=epoch, position=position,
                           group_size=self.group_size, policy_version=policy_version).to_json()
 
-    def top_up(self, spool: TaskSpool, consumer: Resolutions, policy_version: int) -> int:
+    def top_up(self, spool: ConsumerSpool, consumer: Resolutions, policy_version: int) -> int:
         """Settle resolved and lost tasks, then put new ones until ``max_outstanding`` are outstanding;
         returns how many positions advanced. The caller holds the consumer's lock."""
         for task_id in [t for t in self.outstanding if consumer.is_resolved(t)]:
@@ -136,7 +123,7 @@ class Feeder:
             self.next_position += n
         return n
 
-    def _settle_lost(self, spool: TaskSpool, consumer: Resolutions, policy_version: int) -> None:
+    def _settle_lost(self, spool: ConsumerSpool, consumer: Resolutions, policy_version: int) -> None:
         """Find outstanding tasks whose results the spool no longer holds; reissue or give them up."""
         held = consumer.held_tasks()
         candidates = [t for t in self.outstanding if t not in held]
@@ -155,7 +142,7 @@ class Feeder:
                 del self._suspects[task_id]
                 self._lost(spool, task_id, policy_version)
 
-    def _lost(self, spool: TaskSpool, task_id: str, policy_version: int) -> None:
+    def _lost(self, spool: ConsumerSpool, task_id: str, policy_version: int) -> None:
         tries = self.reissues.get(task_id, 0)
         if tries >= MAX_REISSUES:
             del self.outstanding[task_id]

@@ -45,7 +45,7 @@ import torch.distributed as tdist
 from hpc.config import RunConfig
 from hpc.metrics import MetricsWriter
 from hpc.paths import RunPaths
-from hpc.spool import Spool
+from hpc.spool import ConsumerSpool, Spool
 from train_node.trainer import checkpoint as ckpt
 from train_node.trainer import signals
 from train_node.trainer.consumer import Batch, Consumer, ConsumerState
@@ -148,7 +148,7 @@ class Trainer:
         return Engine(model, t, self.cfg.algorithm, load_universal=universal, ref_model=ref)
 
     def _setup_rank0(self, meta: dict[str, Any] | None) -> None:
-        self.spool = Spool(self.paths.root, self.cfg.spool)
+        self.spool: ConsumerSpool = Spool(self.paths.root, self.cfg.spool)
         self.generation = self.spool.fence(CONSUMER_ID)
         uncommitted = self._fall_back(meta)
         self.recovered = dict(self.spool.recover(CONSUMER_ID, meta["shards"] if meta else [],
