@@ -185,7 +185,7 @@ class Sandbox:
         buf = HeadTail(keep)
         try:
             env, cwd = self.runtime.host_env(spec), self.runtime.host_cwd(spec)
-            full = spawner.default_signals() + argv
+            full = spawner.launcher_prefix() + argv
             proc = spawner.spawn(lambda: subprocess.Popen(
                 full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                 cwd=cwd, start_new_session=True))
