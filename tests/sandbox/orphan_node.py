@@ -8,11 +8,13 @@ case. Run as an unprivileged user (no pids-cgroup sweep then), it plays three ro
 - ``race``: a node process starts a launcher exactly as the sandbox does (``spawner.launcher_prefix()``
   in front of the bwrap argv) but delayed by a sleep the test puts in front, and is SIGKILLed before
   the launcher runs: the window in which bwrap's own ``--die-with-parent`` is not yet set;
-- ``race-untethered``: the same without the tether, to show the window is real (its survivors are
-  then killed here).
+- ``race-untethered``: the same without the tether: the sandbox survives its node (the window is real,
+  and the same as the one inside bwrap, between its clone and its own ``--die-with-parent``); then
+  ``sweep_orphans`` (what the next node runs at its first sandbox) must kill it.
 
 ``before`` lists the hostile processes seen before the kill, ``left`` every process still naming the
-case's work dir or token ``SETTLE_S`` after the kill (after the race's delay).
+case's work dir or token ``SETTLE_S`` after the kill (after the race's delay), ``swept`` what the
+sweep killed and ``after_sweep`` what is left then.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from hpc.config.sandbox import SandboxConfig
 from rollout_node.sandbox import default_image, open_sandbox, spawner
 from rollout_node.sandbox.runtimes import BwrapRuntime, LaunchSpec
+from rollout_node.sandbox.sandbox import ENV_MARKER, sweep_orphans
 
 HOSTILE = "trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; while :; do sleep 1; done"
 RACE_DELAY_S = 1.0
@@ -67,7 +70,8 @@ def node_running(workdir: Path, token: str) -> None:
 
 
 def node_race(workdir: Path, token: str, tethered: bool) -> None:
-    spec = LaunchSpec(workdir=workdir, image=Path(default_image()), scratch=workdir)
+    spec = LaunchSpec(workdir=workdir, image=Path(default_image()), scratch=workdir,
+                      env={ENV_MARKER: f"sbx-{os.getpid()}-{token}"})  # the key a Sandbox gives its launches
     prefix = spawner.launcher_prefix() if tethered else spawner.default_signals()
     argv = ["/bin/sh", "-c", f'sleep {RACE_DELAY_S}; exec "$@"', "sh", *prefix,
             *BwrapRuntime().argv(spec, ["/bin/sh", "-c", HOSTILE, f"hostile-{token}"])]
@@ -88,11 +92,15 @@ def run_case(case: str) -> dict[str, object]:
     node.wait()
     time.sleep(SETTLE_S + (RACE_DELAY_S if case != "running" else 0.0))
     left = matching([str(workdir), token])
-    for line in left if case == "race-untethered" else []:
+    swept = sweep_orphans()
+    time.sleep(SETTLE_S if swept else 0.0)
+    after = matching([str(workdir), token])
+    for line in after:  # never leave a test's process behind, whatever the outcome
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(line.split()[0]), signal.SIGKILL)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"case": case, "ready": ready.strip(), "before": before, "left": left}
+    return {"case": case, "ready": ready.strip(), "before": before, "left": left, "swept": swept,
+            "after_sweep": after}
 
 
 def main() -> None:

@@ -5,7 +5,8 @@ itself must die with the node: ``spawner.launcher_prefix`` sets the parent-death
 runs and refuses to start a sandbox whose node is already gone. ``orphan_node.py`` runs as the CI
 user and kills a node (a) while a double-forked, setsid, signal-ignoring process runs in its sandbox,
 (b) in the window before bwrap's own ``--die-with-parent`` (a test-made delay), and (c) in that window
-without the tether, which must leave the sandbox running (the window is real; the script then kills it).
+without the tether, which must leave the sandbox running (the window is real: bwrap's clone child has
+one like it) until ``sweep_orphans``, which the next node runs at its first sandbox, kills it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ def test_sigkilled_unprivileged_node_leaves_no_sandbox_process(
     running = cases["running"]
     assert "started" in running["ready"] and len(running["before"]) == 2, running
     assert running["left"] == [], running
+    for case in ("race", "race-untethered"):
+        assert "launcher started" in cases[case]["ready"], cases[case]
     assert cases["race"]["left"] == [], cases["race"]
-    assert any("hostile-" in line for line in cases["race-untethered"]["left"]), cases["race-untethered"]
+    untethered = cases["race-untethered"]
+    assert any("hostile-" in line for line in untethered["left"]), untethered
+    assert untethered["swept"] and untethered["after_sweep"] == [], untethered
 
 
 def test_python_tether_execs_only_under_the_expected_parent() -> None:
