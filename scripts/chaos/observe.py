@@ -125,7 +125,6 @@ class Zombies:
     def __init__(self) -> None:
         self.first: dict[tuple[int, str], float] = {}
         self.worst = 0.0
-        self.examples: list[str] = []
         self.pids: set[int] = set()
 
     def observe(self, roots: list[int], t: float) -> None:
@@ -135,9 +134,5 @@ class Zombies:
             for pid in descendants(tree, root):
                 self.pids.add(pid)
                 if tree[pid].state == "Z":
-                    self._zombie(pid, tree[pid].start, tree[pid].comm, t)
-
-    def _zombie(self, pid: int, start: str, comm: str, t: float) -> None:
-        first = self.first.setdefault((pid, start), t)
-        if t - first > self.worst:
-            self.worst, self.examples = t - first, [f"{pid} {comm}"]
+                    first = self.first.setdefault((pid, tree[pid].start), t)
+                    self.worst = max(self.worst, t - first)
