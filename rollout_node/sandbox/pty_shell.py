@@ -126,7 +126,7 @@ class PtyShell:
         # foreground job; the session is also the sandbox's scheduler autogroup). No preexec_fn, so
         # subprocess can use vfork: a spawn costs well under a millisecond even from a big node process.
         # Signals the node ignores (nohup, `cmd &` in a script) are reset first (see spawner.py).
-        argv = [*spawner.default_signals(), SETSID, "--ctty", *launch.argv]
+        argv = [*spawner.launcher_prefix(), SETSID, "--ctty", *launch.argv]
         try:
             self.proc = spawner.spawn(lambda: subprocess.Popen(
                 argv, stdin=slave, stdout=slave, stderr=slave, env=launch.env, cwd=launch.cwd, close_fds=True))

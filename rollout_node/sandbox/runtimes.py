@@ -11,7 +11,9 @@ the python tool and clean-up are shared (``sandbox.py``, ``limits.py``). What ea
   fresh ``/proc`` (only the sandbox's own processes are visible); only the episode's work dir is
   writable and bind-mounted at ``/work`` (plus the launch's extra :class:`Bind` mounts); the environment cleared (no ``HF_TOKEN`` etc.); no
   capabilities; no nested user namespaces (``--disable-userns``); ``--die-with-parent`` and the
-  pid namespace make every sandbox process (daemons included) die with the sandbox.
+  pid namespace make every sandbox process (daemons included) die with the sandbox, and the
+  launcher's tether (``spawner.launcher_prefix``) makes the sandbox die with the node, even one
+  SIGKILLed as it started the sandbox.
   DOES NOT GIVE: protection against kernel exploits (it is the host kernel); CPU shares or I/O
   bandwidth limits (no cgroups: a busy sandbox slows its neighbours; rlimits + the watchdog cap
   memory, processes, CPU seconds and file sizes); a private uid (the sandbox runs as the

@@ -19,11 +19,14 @@ image is read-only. Guarantees:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import secrets
 import select
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -74,6 +77,7 @@ class Sandbox:
         self.shell = PtyShell(self._shell_launch, keep=self.keep, on_spawn=self._on_spawn,
                               on_death=self._on_death, why_dead=lambda pid: Watchdog.shared().verdict(self.key, pid),
                               before_respawn=self._before_respawn)
+        _sweep_once()
         self.cgroup = PidsCgroup(self.key, self.limits.max_procs + NPROC_HEADROOM)
         Watchdog.shared().register(self.key, self.limits, disk_dirs=(self.workdir, self.scratch), disk_bytes=disk_bytes)
         self.startup_s = self.shell.spawn()
@@ -185,7 +189,7 @@ class Sandbox:
         buf = HeadTail(keep)
         try:
             env, cwd = self.runtime.host_env(spec), self.runtime.host_cwd(spec)
-            full = spawner.default_signals() + argv
+            full = spawner.launcher_prefix() + argv
             proc = spawner.spawn(lambda: subprocess.Popen(
                 full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                 cwd=cwd, start_new_session=True))
@@ -329,6 +333,45 @@ def _kill_marked(key: str) -> None:
         if not found:
             return
         kill_tree(found)
+
+
+def sweep_orphans() -> list[int]:
+    """SIGKILL the bwrap sandboxes of dead nodes (this uid's); the pids killed. A node runs it once, as it
+    opens its first sandbox.
+
+    The launcher's tether (``spawner.launcher_prefix``) kills bwrap with its node, but bwrap's clone
+    child, the sandbox pid namespace's init, arms its own ``--die-with-parent`` only after setting up
+    the mounts: a node SIGKILLed in that window leaves the init running under pid 1, unprivileged
+    (root's pids-cgroup sweep finds it too). It is found by its argv, which names its sandbox key
+    (``--setenv SPOOLRL_SANDBOX sbx-<node pid>-<hex>``) whose node pid no longer exists; killing it
+    takes its whole namespace down. Assumes the nodes of this uid share this pid namespace (as
+    Slurm steps do)."""
+    needle = b"\0" + ENV_MARKER.encode() + b"\0sbx-"
+    killed = []
+    for name in os.listdir("/proc"):
+        owner = _dead_owner(name, needle)
+        if owner is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(name), signal.SIGKILL)
+                killed.append(int(name))
+    return killed
+
+
+_sweep_once = functools.cache(sweep_orphans)
+
+
+def _dead_owner(name: str, needle: bytes) -> int | None:
+    """The node pid in /proc/NAME's sandbox key if the process is ours and that node is gone, else None."""
+    try:
+        if not name.isdigit() or os.stat(f"/proc/{name}").st_uid != os.getuid():
+            return None
+        with open(f"/proc/{name}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return None
+    at = cmd.find(needle)
+    owner = cmd[at + len(needle):].split(b"-", 1)[0] if at >= 0 else b""
+    return int(owner) if owner.isdigit() and not os.path.exists(f"/proc/{int(owner)}") else None
 
 
 def user_scratch(cfg: SandboxConfig) -> Path:

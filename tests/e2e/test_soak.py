@@ -35,11 +35,12 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     assert set(checks) == CHECKS
     failed = {name: c for name, c in checks.items() if not c["ok"]}
     assert not failed and proc.returncode == 0, json.dumps(failed, indent=1) + proc.stdout[-3000:]
-    kills = summary["kills"]
-    for role in ("rollout", "infer-server", "raas"):
-        assert kills.get(role, 0) >= 1, kills
-    # from outside, or at a fault point (3 minutes on a loaded host may not reach a checkpoint: the long run does)
-    assert sum(n for role, n in kills.items() if role.startswith("trainer")) >= 1, kills
+    kills = summary["kills"]  # role -> phase -> count
+    for role in ("rollout", "infer-server", "raas", "trainer"):
+        assert sum(kills.get(role, {}).values()) >= 1, kills
+    # the first kill of a role waits for its phase; a 3-minute window on a loaded host may see no
+    # reload or checkpoint in time (the 30-minute run in the README does): these two always come
+    assert kills["rollout"].get("eval", 0) + kills["raas"].get("call", 0) >= 1, kills
     assert all(n >= 2 for n in summary["starts"].values()), summary["starts"]  # killed or resumed: started again
     assert checks["tasks"]["fates"].get("trained", 0) > 0 and checks["tasks"]["lost"] == []
     assert any(o.startswith("result:") for o in checks["process_calls"]["outcomes"])

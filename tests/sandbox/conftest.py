@@ -42,7 +42,8 @@ def as_user() -> Callable[..., subprocess.CompletedProcess[str]]:
 
     def run(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         env = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={home}", "TMPDIR=/tmp",
-               "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in os.environ.items() if k.startswith("SPOOLRL_")]
+               "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in os.environ.items() if k.startswith("SPOOLRL_")
+                                  or k == "PYTHONPATH"]  # a worktree's code, not the editable install's
         return subprocess.run([runuser, "-u", CI_USER, "--", *env, PYTHON, str(HERE / script), *args],
                               capture_output=True, text=True, timeout=timeout, cwd="/tmp")
     return run

@@ -1,0 +1,110 @@
+"""The soak's end-of-run checks (``scripts/chaos/audit.py``) fail on what they exist to catch.
+
+The 3-minute soak (tests/e2e/test_soak.py) shows they pass on a real run; here each check is fed
+what a broken run would leave (a task trained twice, a task lost, a ``/process`` call answered twice
+or never, a reload past its bound, a long trainer wait, a role outliving the trainer, a leaked
+sandbox process, an infrastructure failure in the loss) and must fail, next to a clean case that passes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from hpc.trajectory import Status
+from scripts.chaos import audit
+from scripts.chaos.scheduler import fault_plan, kill_plan
+
+
+def row(task: str, traj: str, step: int, outcome: str = "trained", reason: str = "") -> dict[str, Any]:
+    return {"task_id": task, "trajectory_id": traj, "step": step, "outcome": outcome,
+            **({"reason": reason} if reason else {})}
+
+
+CLEAN_LEDGER = [row("t1", "t1:0:0", 1), row("t1", "t1:1:0", 1), row("t2", "t2:0:0", 2),
+                row("t3", "t3:0:0", 2, "dropped", "sandbox_error")]
+
+
+def test_tasks_clean_run_passes() -> None:
+    issued = {"t1": "done", "t2": "done", "t3": "done", "t4": "ready", "t5": "claimed"}
+    check = audit.check_tasks(issued, CLEAN_LEDGER, unconsumed={"t5"}, spool_drops={})
+    assert check.ok, check.detail
+    assert check.detail["fates"] == {"trained": 2, "dropped:sandbox_error": 1, "queued": 1, "in_ready_shard": 1}
+
+
+@pytest.mark.parametrize(("ledger", "issued", "key"), [
+    ([*CLEAN_LEDGER, row("t2", "t2:0:0b", 5)], {"t1": "done", "t2": "done"}, "trained_twice"),
+    ([*CLEAN_LEDGER, row("t2", "t2:0:0", 2)], {"t1": "done", "t2": "done"}, "ledger_rows_twice"),
+    (CLEAN_LEDGER, {"t1": "done", "t9": "done"}, "lost"),
+    (CLEAN_LEDGER, {"t1": "done", "t9": "claimed"}, "lost"),
+])
+def test_tasks_duplicated_or_lost_fails(ledger: list[dict[str, Any]], issued: dict[str, str], key: str) -> None:
+    check = audit.check_tasks(issued, ledger, unconsumed=set(), spool_drops={})
+    assert not check.ok and check.detail[key], check.detail
+
+
+def test_tasks_nothing_trained_fails() -> None:
+    assert not audit.check_tasks({"t4": "ready"}, [], set(), {}).ok
+
+
+def test_a_spool_drop_accounts_for_a_task() -> None:
+    check = audit.check_tasks({"t1": "done", "t9": "done"}, [row("t1", "a", 1)], set(), {"t9": "stale"})
+    assert check.ok and check.detail["fates"]["dropped:stale"] == 1, check.detail
+
+
+@pytest.mark.parametrize(("outcomes", "ok"), [
+    ({"a": ["result:ok"], "b": ["error:503"], "c": ["dropped:RemoteDisconnected"]}, True),
+    ({"a": ["result:ok"], "b": ["result:ok", "result:ok"]}, False),  # answered twice
+    ({"a": ["result:ok"], "b": []}, False),  # never answered
+    ({"a": ["result:ok"], "b": ["hung"]}, False),
+    ({"a": ["result:ok"], "b": ["unnamed:500"]}, False),  # a failure without a reason
+    ({"b": ["error:503"]}, False),  # no call got a result
+])
+def test_process_calls(outcomes: dict[str, list[str]], ok: bool) -> None:
+    assert audit.check_calls(outcomes).ok is ok
+
+
+def test_reloads_bound() -> None:
+    seen = [{"version": 3, "seconds": 0.4, "ended": "server gone"}]
+    assert audit.check_reloads(seen, [{"version": 2, "seconds": 0.2}], 0).ok
+    slow = [{"version": 4, "seconds": audit.RELOAD_BOUND_S + 1, "ended": "server stopped"}]
+    assert not audit.check_reloads(seen + slow, [], 0).ok
+    assert not audit.check_reloads([], [{"version": 5, "seconds": audit.RELOAD_BOUND_S * 2}], 0).ok
+
+
+def test_trainer_wait_and_run_down_bounds() -> None:
+    assert audit.check_wait(audit.WAIT_BOUND_S, 3).ok and not audit.check_wait(audit.WAIT_BOUND_S + 1, 3).ok
+    assert audit.check_run_down(0, {"infer": 1.0, "rollout": 0.0}).ok
+    assert not audit.check_run_down(0, {"infer": 1.0, "rollout": audit.RUNDOWN_BOUND_S + 5}).ok
+    assert not audit.check_run_down(1, {"infer": 1.0}).ok  # the trainer itself failed
+
+
+@pytest.mark.parametrize("kind", ["processes", "zombies_now", "mounts", "cgroups", "scratch_left", "open_claims"])
+def test_any_leak_fails(kind: str) -> None:
+    found: dict[str, list[str]] = {k: [] for k in ("processes", "zombies_now", "mounts", "cgroups",
+                                                   "scratch_left", "open_claims")}
+    assert audit.check_leaks(found, 0.0).ok
+    assert not audit.check_leaks({**found, kind: ["something"]}, 0.0).ok
+    assert not audit.check_leaks(found, audit.ZOMBIE_BOUND_S + 1).ok
+
+
+def test_an_infrastructure_failure_in_the_loss_fails() -> None:
+    status = {"t1:0:0": Status.OK, "t1:1:0": Status.TIMEOUT, "t2:0:0": Status.OK, "t3:0:0": Status.SANDBOX_ERROR}
+    assert audit.check_advantages(CLEAN_LEDGER, status).ok
+    trained_infra = [*CLEAN_LEDGER[:3], row("t3", "t3:0:0", 2)]
+    check = audit.check_advantages(trained_infra, status)
+    assert not check.ok and check.detail["entered_the_loss"][0]["status"] == "sandbox_error"
+    wrong_reason = [*CLEAN_LEDGER[:3], row("t3", "t3:0:0", 2, "dropped", "stale")]
+    assert not audit.check_advantages(wrong_reason, status).ok
+    assert not audit.check_advantages(CLEAN_LEDGER, {}).ok  # rows whose shard is nowhere
+
+
+def test_the_plans_cover_every_role_and_both_trainer_fault_points() -> None:
+    for seed in range(5):
+        plan = kill_plan(random.Random(seed), 180.0)
+        assert {r for _, r in plan} == {"infer", "trainer", "rollout", "raas"}
+        assert all(0 < t < 180 for t, _ in plan) and [t for t, _ in plan] == sorted(t for t, _ in plan)
+        faults = fault_plan(random.Random(seed), 180.0)
+        assert {f.split(":")[0] for f in faults[:2]} == {"checkpoint", "publish"}
