@@ -286,7 +286,7 @@ def run_cell(shape: Shape, ratio: float, max_staleness: int) -> dict[str, Any]:
         finally:
             node.request_drain("bench done")
             node_thread.join(timeout=60)
-        trained = sorted(trainer.consumer.state.trained_tasks)
+        trained = sorted(trainer.lead.consumer.state.trained_tasks)
         return cell_figures(paths.root, shape, ratio, max_staleness, server,
                             trained_tasks=trained, latest=read_policy_latest(paths))
 

@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,12 @@ class AgentLoop:
         self.template = template
         self.limits = limits
         self.marker_ids = template.encode_content(self.TRUNCATION_MARKER)
+
+    def with_limits(self, limits: AgentLimits) -> AgentLoop:
+        """This loop with other limits (the template and its encoded marker shared; ``self`` unchanged)."""
+        loop = copy.copy(self)
+        loop.limits = limits
+        return loop
 
     def observation_ids(self, call: ToolCall | ParseError, out: ToolOutput | None) -> tuple[list[int], bool]:
         """``\\n`` + ``<|im_start|>ROLE\\n`` + content + ``<|im_end|>\\n`` + ``<|im_start|>assistant\\n``."""

@@ -10,6 +10,11 @@ drain); the versions of generated tokens are passed to the transcript as they ar
 staleness check sees a running episode; the final record is the loop's own token lists
 (token-in/token-out, never re-tokenized). The loop's ``inference_error``/``sandbox_error`` stops
 come back as statuses, which the stages map to the fault table's rows.
+
+Extension points (for a policy that runs the same episode with per-episode settings, e.g. the
+rollout service's :class:`~rollout_node.service.policy.ServicePolicy`): :meth:`LLMPolicy.episode_limits`
+gives the episode's agent limits, :meth:`LLMPolicy.episode_metrics` adds metrics to its record. The
+loop, the transcript and the stop rules stay this module's.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from rollout_node.agent import (
     SandboxTools,
     task_messages,
 )
+from rollout_node.agent.result import EpisodeResult
+from rollout_node.agent.template import Message
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
 
@@ -88,18 +95,32 @@ class LLMPolicy:
             self.loop.limits = dataclasses.replace(self.loop.limits, context_len=n)
             self._context_known = True
 
+    def episode_limits(self, ctx: EpisodeContext) -> AgentLimits:
+        """Extension point: the agent limits of this episode. The default is the run's (``rollout.*``,
+        with the servers' context length once known); an override starts from ``self.loop.limits``."""
+        return self.loop.limits
+
+    def episode_metrics(self, ctx: EpisodeContext, messages: list[Message], result: EpisodeResult,
+                        limits: AgentLimits) -> dict[str, Any]:
+        """Extension point: metrics added to the episode's record, from the opening ``messages``, the
+        loop's ``result`` and the ``limits`` it ran with (the default adds none)."""
+        return {}
+
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         self._learn_context_len()
+        limits = self.episode_limits(ctx)
+        loop = self.loop.with_limits(limits)
         policy = _VersionTap(self.client.session(ctx.task_id), ctx)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
-        result = self.loop.run(task_messages(ctx.task.problem_statement or ctx.task_id, system=self.system), policy, tools, seed=seed,
-                               cancel=lambda _so_far: _stop_reason(ctx),
-                               deadline=ctx.effective_deadline)
+        messages = task_messages(ctx.task.problem_statement or ctx.task_id, system=self.system)
+        result = loop.run(messages, policy, tools, seed=seed, cancel=lambda _so_far: _stop_reason(ctx),
+                          deadline=ctx.effective_deadline)
         ctx.transcript.replace(Transcript(token_ids=result.token_ids, loss_mask=result.loss_mask,
                                           logprobs=result.logprobs, policy_versions=result.policy_versions,
                                           prompt_len=result.prompt_len))
-        metrics = {**result.metrics(), **{f"agent_{k}": round(v, 4) for k, v in result.timings.items()}}
+        metrics = {**result.metrics(), **{f"agent_{k}": round(v, 4) for k, v in result.timings.items()},
+                   **self.episode_metrics(ctx, messages, result, limits)}
         return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling),
                              logprob_kind=result.logprob_kind)
 

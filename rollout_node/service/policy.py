@@ -30,14 +30,14 @@ import dataclasses
 import threading
 from typing import Any
 
-from rollout_node.agent import AgentLoop, EpisodeSeed, SandboxTools, task_messages
+from rollout_node.agent import AgentLimits
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.result import EpisodeResult
-from rollout_node.agent.template import ChatTemplate
+from rollout_node.agent.template import ChatTemplate, Message
 from rollout_node.agent.toolcall import ToolCall
 from rollout_node.gateway.session import GatewaySampling
 from rollout_node.pipeline.harness import HarnessPolicy
-from rollout_node.pipeline.llm import LLMPolicy, _stop_reason, _VersionTap
+from rollout_node.pipeline.llm import LLMPolicy
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
 
 MAX_KEYS = 100_000  # assignments remembered (oldest forgotten first; a forgotten key is re-balanced)
@@ -75,14 +75,16 @@ class LeastAssignedClient(InferenceClient):
             return {u: n for u, n in self._counts.items() if n > 0}
 
 
-def messages_of(policy_template: Any, problem: str, result: EpisodeResult, observation_role: str) -> list[dict[str, Any]]:
-    """ProRL's ``messages``: system, user, then per turn the assistant's generation and what answered it.
+def messages_of(policy_template: Any, opening: list[Message], result: EpisodeResult,
+                observation_role: str) -> list[dict[str, Any]]:
+    """ProRL's ``messages``: the ``opening`` ones (system, user), then per turn the assistant's generation
+    and what answered it.
 
     An assistant turn that made a well-formed tool call carries ``tool_calls: [{"name", "arguments",
     "id"}]`` (ProRL's flattened form; ids ``call_1``, ``call_2``... in episode order, as NeMo Gym numbers
     them) and the observation that answers it is a ``tool`` message with that ``tool_call_id``; feedback
     on a turn without a usable call keeps ``observation_role`` (the role the model saw it as)."""
-    out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in task_messages(problem)]
+    out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in opening]
     calls = 0
     for turn in result.turns:
         c = turn.completion
@@ -102,36 +104,19 @@ def messages_of(policy_template: Any, problem: str, result: EpisodeResult, obser
 
 
 class ServicePolicy(LLMPolicy):
-    """``LLMPolicy`` plus per-request sampling and the ``messages`` record (module docstring)."""
+    """``LLMPolicy`` plus per-request sampling and the ``messages`` record (module docstring), through
+    the policy's extension points."""
 
-    def _loop_for(self, params: dict[str, Any]) -> AgentLoop:
-        limits = self.loop.limits
-        changes = {"temperature": params.get("temperature", limits.temperature),
-                   "top_p": params.get("top_p", limits.top_p),
-                   "max_turns": params.get("max_iterations", limits.max_turns),
-                   "max_new_tokens_per_turn": params.get("max_output_tokens", limits.max_new_tokens_per_turn)}
-        if all(getattr(limits, k) == v for k, v in changes.items()):
-            return self.loop
-        loop = AgentLoop.__new__(AgentLoop)  # share the template's encoded marker; only the limits differ
-        loop.template, loop.marker_ids = self.loop.template, self.loop.marker_ids
-        loop.limits = dataclasses.replace(limits, **changes)
-        return loop
+    def episode_limits(self, ctx: EpisodeContext) -> AgentLimits:
+        limits, params = self.loop.limits, dict(ctx.task_dict.get("sampling_params") or {})
+        return dataclasses.replace(
+            limits, temperature=params.get("temperature", limits.temperature), top_p=params.get("top_p", limits.top_p),
+            max_turns=params.get("max_iterations", limits.max_turns),
+            max_new_tokens_per_turn=params.get("max_output_tokens", limits.max_new_tokens_per_turn))
 
-    def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
-        self._learn_context_len()
-        loop = self._loop_for(dict(ctx.task_dict.get("sampling_params") or {}))
-        problem = ctx.task.problem_statement or ctx.task_id
-        tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)
-        seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
-        result = loop.run(task_messages(problem), _VersionTap(self.client.session(ctx.task_id), ctx), tools,
-                          seed=seed, cancel=lambda _so_far: _stop_reason(ctx), deadline=ctx.effective_deadline)
-        ctx.transcript.replace(Transcript(token_ids=result.token_ids, loss_mask=result.loss_mask,
-                                          logprobs=result.logprobs, policy_versions=result.policy_versions,
-                                          prompt_len=result.prompt_len))
-        metrics = {**result.metrics(), **{f"agent_{k}": round(v, 4) for k, v in result.timings.items()},
-                   "service_messages": messages_of(self.template, problem, result, loop.limits.observation_role)}
-        return EpisodeOutput(status=result.status, metrics=metrics, sampling=dict(result.sampling),
-                             logprob_kind=result.logprob_kind)
+    def episode_metrics(self, ctx: EpisodeContext, messages: list[Message], result: EpisodeResult,
+                        limits: AgentLimits) -> dict[str, Any]:
+        return {"service_messages": messages_of(self.template, messages, result, limits.observation_role)}
 
 
 def segment_messages(template: ChatTemplate, segments: list[Transcript]) -> list[dict[str, Any]]:

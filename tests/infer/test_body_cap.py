@@ -1,5 +1,6 @@
 """``spoolrl serve`` as a real process refuses oversized and malformed request bodies before reading
-them: 413 for a 10 GB Content-Length, 400 for a negative or non-numeric one; the server keeps serving."""
+them: 413 for a 10 GB Content-Length, 400 for a negative or non-numeric one (aiohttp's parser answers
+those with a text body); the server keeps serving."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from train_node.infer.httpbase import MAX_BODY_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _raw(port: int, head: str, body: bytes = b"") -> tuple[int, dict]:
+def _raw(port: int, head: str, body: bytes = b"") -> tuple[int, Any]:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(head.encode() + b"\r\n" + body)
         data = b""
@@ -26,7 +28,9 @@ def _raw(port: int, head: str, body: bytes = b"") -> tuple[int, dict]:
                 break
             data += chunk
     status = int(data.split(b" ", 2)[1])
-    return status, json.loads(data.split(b"\r\n\r\n", 1)[1] or b"null")
+    head_part, payload = data.split(b"\r\n\r\n", 1)
+    is_json = b"content-type: application/json" in head_part.lower()
+    return status, json.loads(payload or b"null") if is_json else payload.decode(errors="replace")
 
 
 def _length(data: bytes) -> int:

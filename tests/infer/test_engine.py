@@ -10,7 +10,7 @@ import pytest
 from infer_helpers import forward_logprobs, http
 
 from train_node.infer.engine import Engine, Sequence, load_model
-from train_node.infer.httpbase import make_server, server_url
+from train_node.infer.httpbase import HttpServer
 from train_node.infer.protocol import SamplingParams
 from train_node.infer.server import App, ServeOptions, make_handler
 
@@ -96,9 +96,8 @@ def test_swap_between_decode_steps_is_exact(models: dict[str, Path]) -> None:
 
 def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str, Path], tmp_path: Path) -> None:
     app = App(ServeOptions(secret="s3cret"))
-    srv = make_server(make_handler(app), port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = server_url(srv, "127.0.0.1")
+    srv = HttpServer(make_handler(app), port=0).start()
+    url = srv.url
     try:
         assert http(url, "/health") == (503, {"status": "loading"})
         assert http(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})[0] == 503
@@ -113,21 +112,20 @@ def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str
                                                     "return_token_ids": True, "ignore_eos": True})
         assert status == 200 and out["choices"][0]["weight_versions"] == [{"version": 0, "start": 0, "end": 4}]
     finally:
-        srv.shutdown()
+        srv.close()
         app.close()
 
 
 def test_reload_refused_without_configured_secret(models: dict[str, Path]) -> None:
     app = App(ServeOptions(secret=None))
-    srv = make_server(make_handler(app), port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = HttpServer(make_handler(app), port=0).start()
     try:
         app.load(models["a"], 0)
-        url = server_url(srv, "127.0.0.1")
+        url = srv.url
         status, body = http(url, "/reload", {"path": str(models["b"]), "version": 1}, token="anything")
         assert status == 403 and app.engine is not None and app.engine.version == 0
     finally:
-        srv.shutdown()
+        srv.close()
         app.close()
 
 
@@ -186,13 +184,12 @@ def test_client_that_hangs_up_frees_its_batch_slot(models: dict[str, Path]) -> N
     import time
 
     app = App(ServeOptions())
-    srv = make_server(make_handler(app), port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = HttpServer(make_handler(app), port=0).start()
     try:
         app.load(models["a"], 0)
         assert app.engine is not None
         body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 1900, "ignore_eos": True}).encode()
-        with socket.create_connection(("127.0.0.1", srv.server_address[1])) as conn:  # type: ignore[index]
+        with socket.create_connection(("127.0.0.1", srv.port)) as conn:
             conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             deadline = time.monotonic() + 30
@@ -207,5 +204,5 @@ def test_client_that_hangs_up_frees_its_batch_slot(models: dict[str, Path]) -> N
             time.sleep(0.05)
         assert not app.engine._batch.rows
     finally:
-        srv.shutdown()
+        srv.close()
         app.close()

@@ -7,7 +7,6 @@ to produce on demand (a weight load that dies half way, a restore that fails) ar
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from infer_helpers import http
 
-from train_node.infer.httpbase import JsonHandler, make_server, server_url
+from train_node.infer.httpbase import Call, HttpServer, Reply, error_reply, json_reply
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 
 
@@ -25,27 +24,23 @@ class FakeVllm:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.fail_rpc: set[str] = set()
-        fake = self
+        self.server = HttpServer(self.route, port=0).start()
+        self.url = self.server.url
 
-        class Handler(JsonHandler):
-            def route(self, method: str) -> None:
-                body: Any = self.read_json() if method == "POST" else {}
-                path = self.path
-                if path == "/collective_rpc":
-                    weights = body["kwargs"]["weights_path"]
-                    fake.calls.append(f"rpc:{Path(weights).name}")
-                    if weights in fake.fail_rpc:
-                        return self.send_error_json(500, "boom")
-                    return self.send_json(200, {"results": [None]})
-                if path == "/update_weight_version":
-                    fake.calls.append(f"version:{body['new_version']}")
-                elif path != "/health":
-                    fake.calls.append(path.split("?")[0].lstrip("/"))
-                self.send_json(200, {})
-
-        self.server = make_server(Handler, port=0)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = server_url(self.server, "127.0.0.1")
+    def route(self, call: Call) -> Reply:
+        body: Any = call.json() if call.method == "POST" else {}
+        path = call.raw_path
+        if path == "/collective_rpc":
+            weights = body["kwargs"]["weights_path"]
+            self.calls.append(f"rpc:{Path(weights).name}")
+            if weights in self.fail_rpc:
+                return error_reply(500, "boom")
+            return json_reply(200, {"results": [None]})
+        if path == "/update_weight_version":
+            self.calls.append(f"version:{body['new_version']}")
+        elif path != "/health":
+            self.calls.append(path.split("?")[0].lstrip("/"))
+        return json_reply(200, {})
 
 
 @pytest.fixture()
@@ -57,13 +52,12 @@ def setup(tmp_path: Path) -> Iterator[tuple[FakeVllm, VllmProxy, str, dict[str, 
         dirs[name] = str(tmp_path / name)
     fake = FakeVllm()
     proxy = VllmProxy(Upstream(fake.url), secret="k", version=0, path=dirs["a"])
-    srv = make_server(make_proxy_handler(proxy), port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = HttpServer(make_proxy_handler(proxy), port=0).start()
     proxy.start()
     fake.calls.clear()
-    yield fake, proxy, server_url(srv, "127.0.0.1"), dirs
-    srv.shutdown()
-    fake.server.shutdown()
+    yield fake, proxy, srv.url, dirs
+    srv.close()
+    fake.server.close()
 
 
 def test_reload_sequence(setup: Any) -> None:

@@ -75,7 +75,7 @@ def train_toy(root: Path, seed: int, *, max_steps: int, stop_at: float | None) -
     means: list[float] = []
     try:
         for step in range(max_steps):
-            groups = sample_groups(trainer.engine.module, step, trainer.publisher.version)
+            groups = sample_groups(trainer.engine.module, step, trainer.lead.publisher.version)
             means.append(float(np.mean([t.reward for g in groups for t in g])))
             with spool.writer("toy-rollout") as w:
                 for g in groups:

@@ -52,5 +52,5 @@ def test_skipped_steps_publish_nothing_are_counted_and_too_many_in_a_row_stop(tm
     stop = list(read_metrics(paths.root, "trainer_stop"))[-1]
     assert stop["reason"] == "nonfinite" and stop["nonfinite_steps"] == 3 and stop["exit_code"] != 0
     assert (paths.policy / "LATEST").read_text().strip() == "1"  # v0 + the one step that applied
-    assert t.consumer.drops["nonfinite"] == 3 * 2 * 4  # 3 skipped batches of 2 groups x 4 samples
+    assert t.lead.consumer.drops["nonfinite"] == 3 * 2 * 4  # 3 skipped batches of 2 groups x 4 samples
     assert np.isfinite([s["loss"] for s in steps]).all()

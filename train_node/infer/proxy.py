@@ -1,4 +1,5 @@
-"""The authenticating reverse proxy in front of one vLLM server (torch-free).
+"""The authenticating reverse proxy in front of one vLLM server (torch-free), served by
+:class:`train_node.infer.httpbase.HttpServer` (aiohttp).
 
 vLLM listens on a Unix socket in a private (0700) directory, so the proxy is the only way in.
 The proxy serves the same API as the CPU engine:
@@ -28,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from train_node.infer.httpbase import JsonHandler, authorized
+from train_node.infer.httpbase import Call, Reply, Route, authorized, error_reply, json_reply
 from train_node.infer.protocol import (
     BadRequest,
     ChoiceResult,
@@ -216,51 +217,48 @@ def _upstream_message(data: bytes) -> str:
     return str(err.get("message", err) if isinstance(err, dict) else err)
 
 
-def make_proxy_handler(proxy: VllmProxy) -> type[JsonHandler]:
-    class Handler(JsonHandler):
-        def route(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
-            is_open = (method, path) in OPEN_ROUTES and (path == "/health" or not proxy.require_auth_all)
-            if not is_open and not authorized(self.headers.get("Authorization"), proxy.secret):
-                return self.send_error_json(401, "missing or wrong bearer token")
-            if (method, path) == ("GET", "/health"):
-                ok = proxy.healthy()
-                return self.send_json(200 if ok else 503, {"status": "ok" if ok else "unavailable"})
-            if not proxy.ready:
-                return self.send_error_json(503, "the model is still loading")
-            if (method, path) == ("POST", "/v1/completions"):
-                return self._completions()
-            if (method, path) == ("GET", "/weight_info"):
-                return self.send_json(200, proxy.weight_info())
-            if (method, path) == ("POST", "/reload"):
-                return self._reload()
-            return self._forward(method)
+def make_proxy_handler(proxy: VllmProxy) -> Route:
+    """The proxy's routes (module docstring) over ``proxy``."""
 
-        def _completions(self) -> None:
-            try:
-                self.send_json(200, proxy.complete(parse_completion_request(self.read_json())))
-            except BadRequest as exc:
-                self.send_error_json(exc.status, str(exc))
+    def route(call: Call) -> Reply:
+        method, path = call.method, call.path
+        is_open = (method, path) in OPEN_ROUTES and (path == "/health" or not proxy.require_auth_all)
+        if not is_open and not authorized(call.headers.get("Authorization"), proxy.secret):
+            return error_reply(401, "missing or wrong bearer token")
+        if (method, path) == ("GET", "/health"):
+            ok = proxy.healthy()
+            return json_reply(200 if ok else 503, {"status": "ok" if ok else "unavailable"})
+        if not proxy.ready:
+            return error_reply(503, "the model is still loading")
+        if (method, path) == ("POST", "/v1/completions"):
+            return completions(call)
+        if (method, path) == ("GET", "/weight_info"):
+            return json_reply(200, proxy.weight_info())
+        if (method, path) == ("POST", "/reload"):
+            return reload(call)
+        return forward(call)
 
-        def _reload(self) -> None:
-            body = self.read_json() or {}
-            path, version = body.get("path"), body.get("version")
-            if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
-                return self.send_error_json(400, 'reload needs {"path": "<checkpoint dir>", "version": <int>}')
-            try:
-                self.send_json(200, proxy.reload(path, version))
-            except Exception as exc:
-                self.send_error_json(500, str(exc))
+    def completions(call: Call) -> Reply:
+        try:
+            return json_reply(200, proxy.complete(parse_completion_request(call.json())))
+        except BadRequest as exc:
+            return error_reply(exc.status, str(exc))
 
-        def _forward(self, method: str) -> None:
-            raw = self.read_body() or None
-            ctype = self.headers.get("Content-Type")
-            status, data = proxy.upstream.call(method, self.path, raw=raw, timeout=proxy.request_timeout_s,
-                                               headers={"Content-Type": ctype} if ctype else None)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def reload(call: Call) -> Reply:
+        body = call.json() or {}
+        path, version = body.get("path"), body.get("version")
+        if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
+            return error_reply(400, 'reload needs {"path": "<checkpoint dir>", "version": <int>}')
+        try:
+            return json_reply(200, proxy.reload(path, version))
+        except Exception as exc:
+            return error_reply(500, str(exc))
 
-    return Handler
+    def forward(call: Call) -> Reply:
+        ctype = call.headers.get("Content-Type")
+        status, data = proxy.upstream.call(call.method, call.raw_path, raw=call.body or None,
+                                           timeout=proxy.request_timeout_s,
+                                           headers={"Content-Type": ctype} if ctype else None)
+        return Reply(status, raw=data)
+
+    return route

@@ -17,7 +17,7 @@ from types import FrameType
 
 from hpc.errors import UsageError
 from hpc.fsutil import atomic_write_json
-from train_node.infer.httpbase import make_server, read_secret, server_url
+from train_node.infer.httpbase import HttpServer, read_secret
 from train_node.infer.server import App, ServeOptions, make_handler
 
 
@@ -49,7 +49,7 @@ def run_serve(args: ServeArgs) -> int:
                            max_model_len=args.max_model_len or None, secret=read_secret(args.secret_file),
                            require_auth_all=args.require_auth_all)
     app = App(options)
-    server = make_server(make_handler(app), host=args.host, port=args.port, uds=args.uds)
+    server = HttpServer(make_handler(app), host=args.host, port=args.port, uds=args.uds)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -60,23 +60,19 @@ def run_serve(args: ServeArgs) -> int:
     # Slurm's time-limit warning (--signal=USR1@drain_s) reaches every process of the step: the rollout
     # group is draining and needs its episodes answered, so servers keep serving until SIGTERM.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
-    url = server_url(server, args.host)
+    server.start()
+    url = server.url
     try:
         app.load(args.model, args.version)
     except Exception as exc:
         print(f"spoolrl serve: could not load {args.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        server.shutdown()
+        server.close()
         return 1
     if args.ready_file:
         atomic_write_json(Path(args.ready_file), {"url": url, "pid": os.getpid(), "version": args.version})
     print(f"spoolrl serve: {url} serving {args.model} (version {args.version})", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
-    server.shutdown()
-    server.server_close()
+    server.close()  # removes the Unix socket
     app.close()
-    if args.uds:
-        Path(args.uds).unlink(missing_ok=True)
     return 0

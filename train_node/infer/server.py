@@ -1,4 +1,5 @@
-"""``spoolrl serve``: the CPU engine behind a stdlib HTTP server (TCP or Unix socket).
+"""``spoolrl serve``: the CPU engine behind an aiohttp server (:mod:`train_node.infer.httpbase`; TCP or
+Unix socket).
 
 Routes: ``POST /v1/completions``, ``GET /health``, ``GET /v1/models``, ``GET /weight_info``,
 ``POST /reload`` ({"path": dir, "version": int}; needs ``Authorization: Bearer <secret>``).
@@ -17,8 +18,6 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
-import select
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from train_node.infer.engine import Engine, LoadedModel, Sequence, load_model
-from train_node.infer.httpbase import JsonHandler, authorized
+from train_node.infer.httpbase import Call, Reply, Route, authorized, error_reply, json_reply
 from train_node.infer.protocol import (
     BadRequest,
     CompletionRequest,
@@ -140,59 +139,48 @@ def _load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def make_handler(app: App) -> type[JsonHandler]:
-    class Handler(JsonHandler):
-        def route(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
-            if app.options.require_auth_all and path not in OPEN_ROUTES and \
-                    not authorized(self.headers.get("Authorization"), app.options.secret):
-                return self.send_error_json(401, "missing or wrong bearer token")
-            if (method, path) == ("GET", "/health"):
-                ready = app.engine is not None
-                return self.send_json(200 if ready else 503, {"status": "ok" if ready else "loading"})
-            if (method, path) == ("GET", "/v1/models"):
-                return self.send_json(200, app.models())
-            if app.engine is None:
-                return self.send_error_json(503, "the model is still loading")
-            if (method, path) == ("POST", "/v1/completions"):
-                return self._completions()
-            if (method, path) == ("GET", "/weight_info"):
-                return self.send_json(200, app.weight_info())
-            if (method, path) == ("POST", "/reload"):
-                return self._reload()
-            return self.send_error_json(404, f"no route {method} {path}")
+def make_handler(app: App) -> Route:
+    """The server's routes (module docstring) over ``app``."""
 
-        def _completions(self) -> None:
-            try:
-                req = parse_completion_request(self.read_json())
-                self.send_json(200, app.complete(req, self._client_gone))
-            except BadRequest as exc:
-                self.send_error_json(exc.status, str(exc))
+    def route(call: Call) -> Reply:
+        method, path = call.method, call.path
+        if app.options.require_auth_all and path not in OPEN_ROUTES and \
+                not authorized(call.headers.get("Authorization"), app.options.secret):
+            return error_reply(401, "missing or wrong bearer token")
+        if (method, path) == ("GET", "/health"):
+            ready = app.engine is not None
+            return json_reply(200 if ready else 503, {"status": "ok" if ready else "loading"})
+        if (method, path) == ("GET", "/v1/models"):
+            return json_reply(200, app.models())
+        if app.engine is None:
+            return error_reply(503, "the model is still loading")
+        if (method, path) == ("POST", "/v1/completions"):
+            return completions(call)
+        if (method, path) == ("GET", "/weight_info"):
+            return json_reply(200, app.weight_info())
+        if (method, path) == ("POST", "/reload"):
+            return reload(call)
+        return error_reply(404, f"no route {method} {path}")
 
-        def _client_gone(self) -> bool:
-            """The client closed its end (EOF readable while we owe it an answer)."""
-            conn = self.connection
-            if not select.select([conn], [], [], 0)[0]:
-                return False
-            try:
-                return conn.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
+    def completions(call: Call) -> Reply:
+        try:
+            return json_reply(200, app.complete(parse_completion_request(call.json()), call.gone))
+        except BadRequest as exc:
+            return error_reply(exc.status, str(exc))
 
-        def _reload(self) -> None:
-            if not app.options.secret:
-                return self.send_error_json(403, "reload is disabled: the server was started without a secret")
-            if not authorized(self.headers.get("Authorization"), app.options.secret):
-                return self.send_error_json(401, "missing or wrong bearer token")
-            body = self.read_json()
-            path, version = (body or {}).get("path"), (body or {}).get("version")
-            if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
-                return self.send_error_json(400, 'reload needs {"path": "<checkpoint dir>", "version": <int>}')
-            try:
-                result = app.reload(path, version)
-            except Exception as exc:  # the old weights keep serving
-                return self.send_error_json(500, f"reload failed, still serving version "
-                                                 f"{app.engine.version if app.engine else None}: {exc}")
-            self.send_json(200, result)
+    def reload(call: Call) -> Reply:
+        if not app.options.secret:
+            return error_reply(403, "reload is disabled: the server was started without a secret")
+        if not authorized(call.headers.get("Authorization"), app.options.secret):
+            return error_reply(401, "missing or wrong bearer token")
+        body = call.json()
+        path, version = (body or {}).get("path"), (body or {}).get("version")
+        if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
+            return error_reply(400, 'reload needs {"path": "<checkpoint dir>", "version": <int>}')
+        try:
+            return json_reply(200, app.reload(path, version))
+        except Exception as exc:  # the old weights keep serving
+            return error_reply(500, f"reload failed, still serving version "
+                                    f"{app.engine.version if app.engine else None}: {exc}")
 
-    return Handler
+    return route

@@ -29,14 +29,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from hpc.fsutil import read_json
 from hpc.paths import node_scratch
-from train_node.infer.httpbase import make_server
+from train_node.infer.httpbase import HttpServer
 from train_node.infer.protocol import LOGPROBS_MODE
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 
@@ -219,7 +218,7 @@ class VllmServer:
         self._proc = _Process()
         self._dir: Path | None = None
         self._proxy: VllmProxy | None = None
-        self._http: Any = None
+        self._http: HttpServer | None = None
 
     def command(self, model: Path, sock: Path) -> list[str]:
         s = self.spec
@@ -250,8 +249,7 @@ class VllmServer:
         self._proxy = VllmProxy(Upstream(f"unix://{sock}"), secret=secret, version=version, path=str(model),
                                 served_model_name=SERVED_MODEL_NAME, require_auth_all=self.spec.require_auth_all,
                                 request_timeout_s=self.spec.request_timeout_s)
-        self._http = make_server(make_proxy_handler(self._proxy), host=self.spec.bind_host, port=self.spec.port)
-        threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        self._http = HttpServer(make_proxy_handler(self._proxy), host=self.spec.bind_host, port=self.spec.port).start()
         self._proc.spawn(self.command(model, sock), self.environment(), self.spec.log_path)
 
     def alive(self) -> bool:
@@ -275,7 +273,7 @@ class VllmServer:
     def url(self) -> str | None:
         if self._http is None:
             return None
-        return f"http://{self.spec.advertise_host}:{self._http.server_address[1]}"
+        return f"http://{self.spec.advertise_host}:{self._http.port}"
 
     def reload(self, path: Path, version: int) -> None:
         assert self._proxy is not None
@@ -289,8 +287,7 @@ class VllmServer:
     def stop(self) -> None:
         self._proc.stop()
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.close()
             self._http = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -25,6 +25,9 @@ Guarantees:
   The generation is part of the tag, so two trainers never write the same directory.
 - :func:`verify` checks a checkpoint against its manifest (sizes, digests) before it is loaded;
   the trainer falls back along the parent chain past a torn one (see ``loop.Trainer.setup``).
+- :class:`CheckpointMeta` is the one reader and writer of ``meta.json``: the trainer saves and
+  resumes through it and never takes the JSON apart itself; keys older checkpoints lack read as
+  their defaults (no manifest, generation 0, the current world size, version unknown).
 - The lineage is the chain of ``parent`` tags from LATEST. Retention deletes only the bulky
   ``ds/`` state of old lineage members, never of the newest two (the previous one is the
   fall-back): metadata and ledgers stay, so the accounting of the whole run remains readable
@@ -41,6 +44,7 @@ import re
 import shutil
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,65 @@ _TAG = re.compile(r"^step_(\d{6,})(-g\d+)?(-\d+)?$")
 DS_TAG = "state"
 KEEP_MIN = 2  # retention never deletes the state of the newest two: the previous one is the fall-back
 Fence = Callable[[], object]  # raises FencedError when a newer trainer generation exists
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What the trainer consumed, as its parts write it (``Consumer``/``Feeder`` ``to_json``)."""
+
+    consumer: dict[str, Any]
+    feeder: dict[str, Any] = field(default_factory=dict)
+    nonfinite_steps: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainerState:
+        return cls(consumer=dict(data["consumer"]), feeder=dict(data.get("feeder") or {}),
+                   nonfinite_steps=int(data.get("nonfinite_steps", 0)))
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """One checkpoint's ``meta.json`` (the format on disk is unchanged); ``tag`` is its directory's
+    name, not stored. ``files`` is the manifest, filled in by :func:`save`."""
+
+    step: int
+    parent: str | None
+    shards: list[str]
+    trainer_state: TrainerState
+    policy_version: int | None = None  # None: written before versions were recorded
+    fence_generation: int = 0
+    world_size: int | None = None  # None: written before it was recorded (taken as this world size)
+    zero_stage: int = 0
+    precision: str | None = None
+    t: float | None = None
+    files: dict[str, list[Any]] = field(default_factory=dict)
+    tag: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "policy_version": self.policy_version, "parent": self.parent,
+                "shards": list(self.shards), "fence_generation": self.fence_generation,
+                "world_size": self.world_size, "zero_stage": self.zero_stage, "precision": self.precision,
+                "trainer_state": {"consumer": self.trainer_state.consumer, "feeder": self.trainer_state.feeder,
+                                  "nonfinite_steps": self.trainer_state.nonfinite_steps},
+                "t": self.t, "files": self.files}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], tag: str) -> CheckpointMeta:
+        version, world = data.get("policy_version"), data.get("world_size")
+        return cls(step=int(data["step"]), parent=data.get("parent"), shards=list(data.get("shards") or []),
+                   trainer_state=TrainerState.from_json(data["trainer_state"]),
+                   policy_version=None if version is None else int(version),
+                   fence_generation=int(data.get("fence_generation") or 0),
+                   world_size=None if world is None else int(world), zero_stage=int(data.get("zero_stage") or 0),
+                   precision=data.get("precision"), t=data.get("t"), files=dict(data.get("files") or {}), tag=tag)
+
+    @classmethod
+    def read(cls, paths: RunPaths, tag: str) -> CheckpointMeta:
+        return cls.from_json(read_meta(paths, tag), tag)
+
+    def needs_universal(self, world: int) -> bool:
+        """Whether restoring on ``world`` ranks needs the state converted (ZeRO shards of another world size)."""
+        return (self.world_size or world) != world and self.zero_stage > 0
 
 
 def tag_for(step: int, generation: int = 0) -> str:
@@ -89,11 +152,12 @@ def latest_tag(paths: RunPaths) -> str | None:
     return tag if _TAG.match(tag) and (paths.checkpoints / tag / "meta.json").is_file() else None
 
 
-def write_latest(paths: RunPaths, tag: str, meta: dict[str, Any]) -> None:
-    write_checkpoint_latest(paths, CheckpointPointer(tag, meta.get("step"), meta.get("fence_generation")))
+def write_latest(paths: RunPaths, meta: CheckpointMeta) -> None:
+    write_checkpoint_latest(paths, CheckpointPointer(meta.tag, meta.step, meta.fence_generation))
 
 
 def read_meta(paths: RunPaths, tag: str) -> dict[str, Any]:
+    """``meta.json`` as stored (the rows ``spoolrl checkpoints`` lists); :meth:`CheckpointMeta.read` types it."""
     return dict(read_json(paths.checkpoints / tag / "meta.json"))
 
 
@@ -153,13 +217,16 @@ def fence_collective(fence: Fence | None) -> None:
         raise FencedError(box[0])
 
 
-def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: list[dict[str, Any]],
+def save(engine: Any, paths: RunPaths, step: int, meta: CheckpointMeta | None, ledger: list[dict[str, Any]],
          *, fence: Fence | None = None) -> str:
     """Collective: every rank writes its engine shard and RNG state, fsyncs and digests; rank 0
-    writes the rest and flips LATEST. FencedError on every rank when a newer trainer exists."""
+    (the only one with ``meta``) writes the rest and flips LATEST. FencedError on every rank when a
+    newer trainer exists. Returns the new tag."""
     rank = tdist.get_rank()
+    if (meta is not None) != (rank == 0):
+        raise ValueError(f"checkpoint.save on rank {rank}: rank 0, and only rank 0, passes the metadata")
     fence_collective(fence)
-    tag = new_tag(paths, step, int(meta.get("fence_generation") or 0)) if rank == 0 else ""
+    tag = new_tag(paths, step, meta.fence_generation) if meta is not None else ""
     target = paths.checkpoints / tag
     tmp = Path(_broadcast_str(str(tmp_name(target)) if rank == 0 else None))
     if rank == 0:
@@ -171,11 +238,11 @@ def save(engine: Any, paths: RunPaths, step: int, meta: dict[str, Any], ledger: 
     parts: list[Any] = [None] * tdist.get_world_size()
     tdist.all_gather_object(parts, _sync_and_digest(tmp, rank, tdist.get_world_size()))
     error: list[Any] = [None]
-    if rank == 0:
+    if meta is not None:
         fault_point("checkpoint")
         files = {k: v for part in parts for k, v in part.items()}
         try:
-            _finish(paths, tmp, target, tag, dict(meta, files=files), ledger, fence)
+            _finish(paths, tmp, target, replace(meta, files=files, tag=tag), ledger, fence)
         except FencedError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             error[0] = str(exc)
@@ -255,16 +322,16 @@ def _newest_other(paths: RunPaths, seen: set[str]) -> str | None:
     return max(tags, key=lambda t: (step_of(t) or 0, t), default=None)
 
 
-def _finish(paths: RunPaths, tmp: Path, target: Path, tag: str, meta: dict[str, Any],
-            ledger: list[dict[str, Any]], fence: Fence | None) -> None:
+def _finish(paths: RunPaths, tmp: Path, target: Path, meta: CheckpointMeta, ledger: list[dict[str, Any]],
+            fence: Fence | None) -> None:
     with open(tmp / "ledger.jsonl", "w") as f:
         for entry in ledger:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
     with open(tmp / "ledger.jsonl", "rb") as f:
-        meta["files"]["ledger.jsonl"] = [os.fstat(f.fileno()).st_size, _digest_file(f)]
-    atomic_write_json(tmp / "meta.json", meta)
+        meta.files["ledger.jsonl"] = [os.fstat(f.fileno()).st_size, _digest_file(f)]
+    atomic_write_json(tmp / "meta.json", meta.to_json())
     fsync_dir(tmp)
     if fence is not None:
         fence()
@@ -272,7 +339,7 @@ def _finish(paths: RunPaths, tmp: Path, target: Path, tag: str, meta: dict[str, 
     fsync_dir(paths.checkpoints)
     if fence is not None:
         fence()
-    write_latest(paths, tag, meta)
+    write_latest(paths, meta)
 
 
 def clean_temporaries(paths: RunPaths) -> None:

@@ -471,13 +471,15 @@ class Engine:
         return LossSums.from_tensor(t.cpu())
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full-precision-as-trained weights on CPU, on rank 0 only (a collective under ZeRO-3)."""
+        """Full-precision-as-trained weights on CPU, on rank 0 only (a collective under ZeRO-3). Each
+        tensor is copied once: to the CPU from an accelerator, or within the CPU (a snapshot the
+        background writer owns while training changes the parameters in place)."""
         if self.tcfg.zero_stage == 3:
             sd = self.ds._zero3_consolidated_16bit_state_dict()
-            return {k: v.detach().cpu().clone() for k, v in sd.items()} if self.rank == 0 else None
+            return _cpu_copy(sd) if self.rank == 0 else None
         if self.rank != 0:
             return None
-        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        return _cpu_copy(self.module.state_dict())
 
     def save(self, save_dir: Path, client_state: dict[str, Any]) -> None:
         state = dict(client_state)
@@ -493,3 +495,8 @@ class Engine:
         self.schedule.warmup_steps, self.schedule.target_kl = self.tcfg.warmup_steps, self.tcfg.target_kl
         apply_now(self.scheduler, self.schedule)
         return dict(client_state or {})
+
+
+def _cpu_copy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One copy of every tensor, on the CPU (``.cpu().clone()`` copies an accelerator's tensor twice)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}

@@ -1,15 +1,17 @@
 """The train loop: one table of contents of named steps, run by every rank of the train group.
 
 Rank 0 owns everything that touches the spool (feeder, consumer, batch source), publishing and
-metrics; each step it broadcasts a small control message (train these micro-batches / idle /
-stop) so all ranks run the same collectives. Order of operations per optimizer step:
+metrics (:class:`Lead`, which no other rank has); each step it sends every rank a small control
+message (train these micro-batches: that rank's part of the plan only / idle / stop) so all ranks
+run the same collectives. Order of operations per optimizer step:
 
-    feed tasks -> get batch (prefetched) -> plan + broadcast micro-batches -> train step
+    feed tasks -> get batch (prefetched) -> plan + scatter micro-batches -> train step
     -> mark trained -> publish (every N) -> metrics -> checkpoint + spool commit (every K)
 
 Resume (:meth:`Trainer.setup`): the newest checkpoint that matches its manifest is restored (engine
-state, RNG states, trainer state); a torn newer one is skipped, and after fencing the shards
-committed after it go back to ready (``Spool.uncommit``) and LATEST names the restored one. The
+state, RNG states, trainer state: its :class:`~train_node.trainer.checkpoint.CheckpointMeta`); a torn
+newer one is skipped, and after fencing the shards committed after it go back to ready
+(``Spool.uncommit``) and LATEST names the restored one. The
 spool is fenced (a stale predecessor can no longer commit) and ``recover`` commits the shards that
 checkpoint covers and returns every other claimed shard to ready. A trainer of an older generation
 writes nothing: the fence is checked (rank 0, broadcast) before every checkpoint and publish, and
@@ -48,6 +50,7 @@ from hpc.paths import RunPaths
 from hpc.spool import ConsumerSpool, Spool
 from train_node.trainer import checkpoint as ckpt
 from train_node.trainer import signals
+from train_node.trainer.checkpoint import CheckpointMeta, TrainerState
 from train_node.trainer.consumer import Batch, Consumer, ConsumerState
 from train_node.trainer.controls import shuffle_rewards, step_rng
 from train_node.trainer.dist_env import DistEnv, resolve
@@ -79,6 +82,39 @@ class Counters:
     nonfinite_in_row: int = 0
 
 
+@dataclass
+class Lead:
+    """Rank 0's own state: the spool, what is consumed and fed, publishing and metrics. The other
+    ranks hold none of it (``Trainer.lead`` raises there)."""
+
+    spool: ConsumerSpool
+    generation: int  # this trainer's fencing generation
+    consumer: Consumer
+    feeder: Feeder | None
+    publisher: Publisher
+    metrics: MetricsWriter
+    source: BatchSource | None = None  # started once the initial weights are published
+    pending: tuple[Batch, list[Plan], float] | None = None  # the running step's batch, plans, wait
+
+    @property
+    def batches(self) -> BatchSource:
+        if self.source is None:
+            raise RuntimeError("the batch source starts after the initial publish (Trainer.setup)")
+        return self.source
+
+    def handed_out(self) -> tuple[Batch, list[Plan], float]:
+        """The batch of the step being trained, its plans and the seconds waited for it."""
+        if self.pending is None:
+            raise RuntimeError("no batch was handed out for this step")
+        return self.pending
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        self.publisher.close()
+        self.metrics.close()
+
+
 class Trainer:
     def __init__(self, run_dir: str | Path, config: RunConfig, options: Options | None = None,
                  dist: DistEnv | None = None) -> None:
@@ -94,6 +130,16 @@ class Trainer:
         self.exit_code = 0
         self.nonfinite_steps = 0  # steps with an update the non-finite guard skipped, over the lineage
         self._step_publishes = True  # whether the next (or running) step publishes; see train_version
+        self._lead: Lead | None = None
+        self.skipped: list[dict[str, str]] = []  # torn checkpoints passed over on resume
+        self._parent: str | None = None  # the tag the next checkpoint names as its parent
+
+    @property
+    def lead(self) -> Lead:
+        """Rank 0's state (RuntimeError on the other ranks and before :meth:`setup`)."""
+        if self._lead is None:
+            raise RuntimeError(f"rank {self.rank} holds no rank-0 state (rank 0 only, after setup)")
+        return self._lead
 
     # ================================================================== setup
     def setup(self) -> None:
@@ -102,20 +148,20 @@ class Trainer:
         meta = self._latest_meta()
         self.engine = self._build_engine(meta)
         if meta is not None:
-            ckpt.load(self.engine, self.paths, meta["tag"], universal=self._needs_universal(meta))
-            self.step = int(meta["step"])
-            self.nonfinite_steps = int(meta["trainer_state"].get("nonfinite_steps", 0))
+            ckpt.load(self.engine, self.paths, meta.tag, universal=meta.needs_universal(self.world))
+            self.step = meta.step
+            self.nonfinite_steps = meta.trainer_state.nonfinite_steps
         if self.rank == 0:
-            self._setup_rank0(meta)
+            self._lead = self._setup_rank0(meta)
         self._publish_initial(meta)
         self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
         if self.rank == 0:  # only now: the first batch is filtered at the version just published
-            self.source = BatchSource(self.consumer, self.cfg.algorithm.groups_per_step, self.train_version,
-                                      prefetch=self.cfg.trainer.prefetch,
-                                      poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s), draining=self._draining)
+            self.lead.source = BatchSource(self.lead.consumer, self.cfg.algorithm.groups_per_step, self.train_version,
+                                           prefetch=self.cfg.trainer.prefetch, draining=self._draining,
+                                           poll_interval_s=min(0.2, self.cfg.spool.poll_interval_s))
         self.counters = Counters()  # idle time and throughput count from here, not from process start
 
-    def _latest_meta(self) -> dict[str, Any] | None:
+    def _latest_meta(self) -> CheckpointMeta | None:
         """The newest checkpoint that matches its manifest (rank 0 checks; torn ones are skipped and
         remembered in ``self.skipped`` for the spool fall-back in :meth:`_setup_rank0`)."""
         box: list[Any] = [None, []]
@@ -123,14 +169,12 @@ class Trainer:
             ckpt.clean_temporaries(self.paths)
             tag, box[1] = ckpt.usable_latest(self.paths)
             if tag is not None:
-                box[0] = dict(ckpt.read_meta(self.paths, tag), tag=tag)
+                box[0] = CheckpointMeta.read(self.paths, tag)
         tdist.broadcast_object_list(box, src=0)
-        self.skipped: list[dict[str, str]] = box[1]
-        self._parent: str | None = box[0]["tag"] if box[0] else None
-        return box[0]
-
-    def _needs_universal(self, meta: dict[str, Any]) -> bool:
-        return int(meta.get("world_size", self.world)) != self.world and int(meta.get("zero_stage", 0)) > 0
+        meta: CheckpointMeta | None = box[0]
+        self.skipped = box[1]
+        self._parent = meta.tag if meta is not None else None
+        return meta
 
     def model_dir(self) -> Path:
         return self.paths.model_dir(self.cfg.model.path)
@@ -138,46 +182,47 @@ class Trainer:
     def tokenizer_dir(self) -> Path:
         return self.paths.tokenizer_dir(self.cfg.model.path, self.cfg.model.tokenizer_path)
 
-    def _build_engine(self, meta: dict[str, Any] | None) -> Engine:
+    def _build_engine(self, meta: CheckpointMeta | None) -> Engine:
         t = self.cfg.trainer
         model = load_model(self.model_dir(), t.precision, t.activation_checkpointing)
         ref = None
         if self.cfg.algorithm.kl_coef > 0:
             ref = load_model(self.model_dir(), t.precision, False).requires_grad_(False)
-        universal = meta is not None and self._needs_universal(meta)
+        universal = meta is not None and meta.needs_universal(self.world)
         return Engine(model, t, self.cfg.algorithm, load_universal=universal, ref_model=ref)
 
-    def _setup_rank0(self, meta: dict[str, Any] | None) -> None:
-        self.spool: ConsumerSpool = Spool(self.paths.root, self.cfg.spool)
-        self.generation = self.spool.fence(CONSUMER_ID)
-        uncommitted = self._fall_back(meta)
-        self.recovered = dict(self.spool.recover(CONSUMER_ID, meta["shards"] if meta else [],
-                                                 checkpoint=meta["tag"] if meta else ""), uncommitted=uncommitted)
-        state = ConsumerState.from_json(meta["trainer_state"]["consumer"]) if meta else None
-        self.consumer = Consumer(self.spool, CONSUMER_ID, self.cfg.algorithm, max_seq_len=self.cfg.trainer.max_seq_len,
-                                 state=state)
-        self.feeder = self._make_feeder(meta)
+    def _setup_rank0(self, meta: CheckpointMeta | None) -> Lead:
+        spool: ConsumerSpool = Spool(self.paths.root, self.cfg.spool)
+        generation = spool.fence(CONSUMER_ID)
+        uncommitted = self._fall_back(spool, meta)
+        recovered = dict(spool.recover(CONSUMER_ID, meta.shards if meta else [], checkpoint=meta.tag if meta else ""),
+                         uncommitted=uncommitted)
+        state = ConsumerState.from_json(meta.trainer_state.consumer) if meta else None
+        consumer = Consumer(spool, CONSUMER_ID, self.cfg.algorithm, max_seq_len=self.cfg.trainer.max_seq_len,
+                            state=state)
         from transformers import AutoConfig
 
-        self.publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
-                                   self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies,
-                                   generation=self.generation, fence=self._fence)
-        self.metrics = MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}")
-        self.metrics.log("trainer_start", step=self.step, generation=self.generation, recovered=self.recovered,
-                         world_size=self.world, resumed_from=meta["tag"] if meta else None, skipped=self.skipped)
+        publisher = Publisher(self.paths, AutoConfig.from_pretrained(str(self.model_dir())),
+                              self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies,
+                              generation=generation, fence=self._fence)
+        lead = Lead(spool, generation, consumer, self._make_feeder(meta), publisher,
+                    MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}"))
+        lead.metrics.log("trainer_start", step=self.step, generation=generation, recovered=recovered,
+                         world_size=self.world, resumed_from=meta.tag if meta else None, skipped=self.skipped)
+        return lead
 
     def _fence(self) -> None:
         """Rank 0: FencedError when a newer trainer generation exists (this one must not write)."""
-        self.spool.check_fence(CONSUMER_ID)
+        self.lead.spool.check_fence(CONSUMER_ID)
 
-    def _fall_back(self, meta: dict[str, Any] | None) -> int:
+    def _fall_back(self, spool: ConsumerSpool, meta: CheckpointMeta | None) -> int:
         """Rank 0, after fencing: checkpoints skipped as torn leave the lineage; the shards committed
         after them go back to ready (trained again here), and LATEST names the one resumed from."""
         if not self.skipped:
             return 0
-        moved = self.spool.uncommit(CONSUMER_ID, [s["tag"] for s in self.skipped])
+        moved = spool.uncommit(CONSUMER_ID, [s["tag"] for s in self.skipped])
         if meta is not None:
-            ckpt.write_latest(self.paths, meta["tag"], meta)
+            ckpt.write_latest(self.paths, meta)
         else:
             self.paths.checkpoint_latest.unlink(missing_ok=True)
         return moved
@@ -186,19 +231,19 @@ class Trainer:
         """The policy version of the weights that will train the batch being built: the published
         version, plus one when a batch is already handed out (``outstanding``, its step not finished)
         and that step publishes, since the new batch trains after it."""
-        return self.publisher.version + int(outstanding and self._step_publishes)
+        return self.lead.publisher.version + int(outstanding and self._step_publishes)
 
-    def _make_feeder(self, meta: dict[str, Any] | None) -> Feeder | None:
+    def _make_feeder(self, meta: CheckpointMeta | None) -> Feeder | None:
         if not self.opt.instance_ids:
             return None
         f = Feeder(list(self.opt.instance_ids), self.cfg.tasks.epochs, self.cfg.tasks.shuffle_seed,
                    self.cfg.algorithm.group_size, self.cfg.trainer.max_tasks_outstanding, consumer_id=CONSUMER_ID,
                    shuffle=self.cfg.tasks.order == "shuffle")
         if meta:
-            f.restore(meta["trainer_state"].get("feeder", {}))
+            f.restore(meta.trainer_state.feeder)
         return f
 
-    def _discard_lost_versions(self, meta: dict[str, Any] | None) -> bool:
+    def _discard_lost_versions(self, meta: CheckpointMeta | None) -> bool:
         """Rank 0, on resume: versions published after the restored checkpoint came from steps that are
         now discarded. Their samples are not this lineage's (dropped as ``discarded_lineage``), and the
         servers must serve the restored weights: returns True when those must be published now.
@@ -207,15 +252,15 @@ class Trainer:
         latest = latest_version(self.paths)
         if latest is None:
             return True
-        restored = int(meta.get("policy_version", latest)) if meta is not None else 0
+        restored = (latest if meta.policy_version is None else meta.policy_version) if meta is not None else 0
         if latest <= restored:
             return False
-        self.consumer.state.discarded_versions.append((restored + 1, latest))
-        self.metrics.log("lineage_discarded", versions=[restored + 1, latest],
-                         resumed_from=meta["tag"] if meta is not None else None)
+        self.lead.consumer.state.discarded_versions.append((restored + 1, latest))
+        self.lead.metrics.log("lineage_discarded", versions=[restored + 1, latest],
+                              resumed_from=meta.tag if meta is not None else None)
         return True
 
-    def _publish_initial(self, meta: dict[str, Any] | None) -> None:
+    def _publish_initial(self, meta: CheckpointMeta | None) -> None:
         need = torch.tensor([1 if self.rank == 0 and self._discard_lost_versions(meta) else 0])
         tdist.broadcast(need, src=0)
         if int(need.item()):
@@ -242,41 +287,44 @@ class Trainer:
         return str(msg["cmd"])
 
     def _next_message(self) -> dict[str, Any]:
-        """Rank 0 decides what every rank does next; the others receive it."""
-        box: list[Any] = [self._decide() if self.rank == 0 else None]
-        tdist.broadcast_object_list(box, src=0)
+        """Rank 0 decides what every rank does next; each rank receives its own message (a train
+        message carries that rank's micro-batches only)."""
+        box: list[Any] = [None]
+        tdist.scatter_object_list(box, self._decide() if self.rank == 0 else None, src=0)
         return dict(box[0])
 
-    def _decide(self) -> dict[str, Any]:
+    def _decide(self) -> list[dict[str, Any]]:
+        """Rank 0: the next message of every rank, by rank."""
         reason = self._stop_reason()
+        lead = self.lead
         if reason:
-            with self.consumer.lock:
-                unsaved = self.consumer.has_delta()
+            with lead.consumer.lock:
+                unsaved = lead.consumer.has_delta()
             final = unsaved or (self.step > 0 and ckpt.step_of(ckpt.latest_tag(self.paths)) != self.step)
-            return {"cmd": "stop", "reason": reason, "checkpoint": final}
-        if self.feeder is not None:
-            with self.consumer.lock:
-                self.feeder.top_up(self.spool, self.consumer, self.publisher.version)
-            for event in self.feeder.take_events():
-                self.metrics.log(event.pop("event"), step=self.step, **event)
-        batch, waited = self.source.get(self.opt.idle_timeout_s)
+            return [{"cmd": "stop", "reason": reason, "checkpoint": final}] * self.world
+        if lead.feeder is not None:
+            with lead.consumer.lock:
+                lead.feeder.top_up(lead.spool, lead.consumer, lead.publisher.version)
+            for event in lead.feeder.take_events():
+                lead.metrics.log(event.pop("event"), step=self.step, **event)
+        batch, waited = lead.batches.get(self.opt.idle_timeout_s)
         self.counters.idle_s += waited
         if batch is None:
-            return {"cmd": "idle"}
+            return [{"cmd": "idle"}] * self.world
         self.counters.last_data = time.monotonic()
         if self.cfg.algorithm.control_shuffle_rewards:  # a bench's control arm (controls.py), never a real run
             shuffle_rewards(batch, self.cfg.algorithm.advantage_norm, step_rng(self.cfg.run.seed, self.step + 1))
         plans = plan_minibatches(batch.samples, self.cfg.algorithm.minibatches, self.world,
                                  self.cfg.trainer.micro_batch_tokens)
-        self._pending = (batch, plans, waited)
-        return {"cmd": "train", "minibatches": [p.per_rank for p in plans]}
+        lead.pending = (batch, plans, waited)
+        return [{"cmd": "train", "minibatches": [p.per_rank[r] for p in plans]} for r in range(self.world)]
 
     def _stop_reason(self) -> str:
         if self.stop.is_set():
             return f"signal:{self.stop.signal_name}"
         if self.step >= self.cfg.trainer.total_steps:
             return "total_steps"
-        if self.feeder is not None and self.feeder.finished:
+        if self.lead.feeder is not None and self.lead.feeder.finished:
             return "dataset_done"
         if self._draining() and self._drained():
             return "drained"
@@ -288,15 +336,16 @@ class Trainer:
         return self.paths.stop_marker.exists()
 
     def _drained(self) -> bool:
-        with self.consumer.lock:
-            if self.source.has_ready() or self.consumer.complete_groups() or self.spool.pending_work():
+        lead = self.lead
+        with lead.consumer.lock:
+            if lead.batches.has_ready() or lead.consumer.complete_groups() or lead.spool.pending_work():
                 return False
-            self.consumer.drop_incomplete()
+            lead.consumer.drop_incomplete()
         return True
 
     # ================================================================== one step
     def train_step(self, msg: dict[str, Any]) -> StepResult:
-        result = self.engine.train_step(*[per_rank[self.rank] for per_rank in msg["minibatches"]])
+        result = self.engine.train_step(*msg["minibatches"])
         self._count_nonfinite(result)
         if result.updates == 0:
             self._skip_step(result)
@@ -310,12 +359,11 @@ class Trainer:
         self.counters.tokens += result.tokens
         published = None
         if self.rank == 0:
-            batch, plans, waited = self._pending
-            with self.consumer.lock:
-                self.consumer.mark_trained(batch, self.step)
+            with self.lead.consumer.lock:
+                self.lead.consumer.mark_trained(self.lead.handed_out()[0], self.step)
         published = self._publish_and_finish_step()
         if self.rank == 0:
-            self._log_step(result, batch, plans, waited, published)
+            self._log_step(result, *self.lead.handed_out(), published)
         if self.step % self.cfg.trainer.checkpoint_every == 0:
             self.checkpoint()
 
@@ -330,11 +378,11 @@ class Trainer:
     def _skip_step(self, result: StepResult) -> None:
         """A step that applied nothing: its batch is dropped, nothing is published; see the module docstring."""
         if self.rank == 0:
-            batch, _plans, _waited = self._pending
-            with self.consumer.lock:
-                self.consumer.drop_batch(batch, "nonfinite")
-                self.source.step_finished()
-            self.metrics.log("nonfinite_step", step=self.step, nonfinite=result.nonfinite,
+            lead, batch = self.lead, self.lead.handed_out()[0]
+            with lead.consumer.lock:
+                lead.consumer.drop_batch(batch, "nonfinite")
+                lead.batches.step_finished()
+            lead.metrics.log("nonfinite_step", step=self.step, nonfinite=result.nonfinite,
                              nonfinite_steps=self.nonfinite_steps, in_a_row=self.counters.nonfinite_in_row,
                              samples=len(batch.samples), task_ids=batch.task_ids)
 
@@ -348,19 +396,19 @@ class Trainer:
                        f"trajectories or a diverging policy (lower trainer.lr, check algorithm.kl_coef) and resume "
                        f"from the last checkpoint")
             if self.rank == 0:
-                self.metrics.log("trainer_stop", step=self.step, reason="nonfinite", exit_code=NonFiniteError.exit_code,
+                self.lead.metrics.log("trainer_stop", step=self.step, reason="nonfinite", exit_code=NonFiniteError.exit_code,
                                  nonfinite_steps=self.nonfinite_steps, error=message)
             raise NonFiniteError(message)
 
     def _publish_and_finish_step(self) -> Any:
         """Publish (every N steps) and end the step for the batch source, atomically for a prefetch
         that is filtering the next batch (it holds the consumer lock while it asks train_version)."""
-        lock = self.consumer.lock if self.rank == 0 else contextlib.nullcontext()
+        lock = self.lead.consumer.lock if self.rank == 0 else contextlib.nullcontext()
         with lock:
             published = self.publish() if self._step_publishes else None
             self._step_publishes = (self.step + 1) % self.cfg.trainer.publish_every == 0
             if self.rank == 0:
-                self.source.step_finished()
+                self.lead.batches.step_finished()
         return published
 
     def publish(self, *, wait: bool = False) -> Any:
@@ -371,9 +419,9 @@ class Trainer:
         if self.rank != 0:
             return None
         assert sd is not None
-        stats = self.publisher.publish(sd, copy_s=time.perf_counter() - t0)
+        stats = self.lead.publisher.publish(sd, copy_s=time.perf_counter() - t0)
         if wait:
-            self.publisher.wait()
+            self.lead.publisher.wait()
         return stats
 
     def _log_step(self, r: StepResult, batch: Batch, plans: list[Plan], waited: float, published: Any) -> None:
@@ -381,7 +429,8 @@ class Trainer:
         rewards = batch.rewards
         wall = time.perf_counter() - self.counters.started
         tokens, capacity = sum(p.total_tokens for p in plans), sum(p.capacity_tokens for p in plans)
-        self.metrics.log(
+        lead = self.lead
+        lead.metrics.log(
             "train_step", step=self.step, loss=s.loss / max(s.tokens, 1), loss_tokens=s.tokens,
             reward_mean=sum(rewards) / len(rewards), pass_rate=sum(x >= 1.0 for x in rewards) / len(rewards),
             clip_fraction=s.clipped / max(s.tokens, 1), kl=s.kl / max(s.tokens, 1),
@@ -396,43 +445,41 @@ class Trainer:
             nonfinite_steps=self.nonfinite_steps, **({"nonfinite": r.nonfinite} if r.nonfinite else {}),
             groups=len(batch.groups), samples=len(batch.samples), task_ids=batch.task_ids,
             staleness_hist=dict(sorted(collections.Counter(batch.staleness).items())),
-            drops=dict(self.consumer.drops), wait_s=waited,
-            idle_fraction=self.counters.idle_s / max(wall, 1e-9), policy_version=self.publisher.version,
+            drops=dict(lead.consumer.drops), wait_s=waited,
+            idle_fraction=self.counters.idle_s / max(wall, 1e-9), policy_version=lead.publisher.version,
             published=published.version if published is not None else None,
-            publish_done=vars(self.publisher.completed) if self.publisher.completed is not None else None,
+            publish_done=vars(lead.publisher.completed) if lead.publisher.completed is not None else None,
         )
 
     # ================================================================== checkpoint
     def checkpoint(self) -> None:
         """Collective. Engine state + trainer state; LATEST flips; then (rank 0) the spool commit."""
         t0 = time.perf_counter()
-        meta: dict[str, Any] = {}
+        meta: CheckpointMeta | None = None
         ledger: list[dict[str, Any]] = []
-        covered: list[str] = []
         if self.rank == 0:
-            with self.consumer.lock:
-                ledger, covered, state = self.consumer.take_checkpoint_delta()
+            with self.lead.consumer.lock:
+                ledger, covered, state = self.lead.consumer.take_checkpoint_delta()
             meta = self._meta(covered, state)
         tag = ckpt.save(self.engine, self.paths, self.step, meta, ledger, fence=self._fence if self.rank == 0 else None)
         self._parent = tag
-        if self.rank == 0:
+        if meta is not None:
             from train_node.trainer.faults import fault_point
 
             fault_point("after_checkpoint")
-            committed = self.spool.commit(CONSUMER_ID, covered, checkpoint=tag)
+            committed = self.lead.spool.commit(CONSUMER_ID, meta.shards, checkpoint=tag)
             ckpt.retain(self.paths, self.cfg.trainer.keep_checkpoints, fence=self._fence)
-            self.metrics.log("checkpoint", step=self.step, seconds=time.perf_counter() - t0, shards=len(covered),
-                             committed=committed, ledger=len(ledger))
+            self.lead.metrics.log("checkpoint", step=self.step, seconds=time.perf_counter() - t0,
+                                  shards=len(meta.shards), committed=committed, ledger=len(ledger))
 
-    def _meta(self, covered: list[str], state: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "step": self.step, "policy_version": self.publisher.version, "parent": self._parent,
-            "shards": covered, "fence_generation": self.generation, "world_size": self.world,
-            "zero_stage": self.cfg.trainer.zero_stage, "precision": self.cfg.trainer.precision,
-            "trainer_state": {"consumer": state, "feeder": self.feeder.to_json() if self.feeder else {},
-                              "nonfinite_steps": self.nonfinite_steps},
-            "t": time.time(),
-        }
+    def _meta(self, covered: list[str], state: dict[str, Any]) -> CheckpointMeta:
+        lead = self.lead
+        return CheckpointMeta(
+            step=self.step, policy_version=lead.publisher.version, parent=self._parent, shards=covered,
+            fence_generation=lead.generation, world_size=self.world, zero_stage=self.cfg.trainer.zero_stage,
+            precision=self.cfg.trainer.precision, t=time.time(),
+            trainer_state=TrainerState(consumer=state, feeder=lead.feeder.to_json() if lead.feeder else {},
+                                       nonfinite_steps=self.nonfinite_steps))
 
     def _finish(self, msg: dict[str, Any]) -> None:
         reason = msg["reason"]
@@ -441,12 +488,10 @@ class Trainer:
         if reason.startswith("signal:"):
             self.exit_code = signals.EXIT_REQUEUE
         if self.rank == 0:
-            self.metrics.log("trainer_stop", step=self.step, reason=reason, exit_code=self.exit_code,
+            self.lead.metrics.log("trainer_stop", step=self.step, reason=reason, exit_code=self.exit_code,
                              nonfinite_steps=self.nonfinite_steps,
                              idle_fraction=self.counters.idle_s / max(time.perf_counter() - self.counters.started, 1e-9))
 
     def close(self) -> None:
-        if self.rank == 0 and hasattr(self, "source"):
-            self.source.close()
-            self.publisher.close()
-            self.metrics.close()
+        if self._lead is not None:
+            self._lead.close()
