@@ -392,6 +392,9 @@ def cell_figures(run: Path, shape: Shape, ratio: float, max_staleness: int, serv
         "episode_s": [round(sum(e["timings"].get(k, 0.0) for k in ("init_s", "run_s", "eval_s")), 4) for e in ok],
         "stage_s": {k: [round(float(e["timings"][f"{k}_s"]), 4) for e in ok if f"{k}_s" in e["timings"]]
                     for k in ("init", "run", "eval")},
+        # EVAL of the samples that ran the tests; a sibling with the same diff waits for that run (rollout.eval_dedup)
+        "eval_run_s": [round(float(e["timings"]["eval_s"]), 4) for e in ok
+                       if "eval_s" in e["timings"] and not e.get("eval_shared")],
     }
 
 

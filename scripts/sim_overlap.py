@@ -108,6 +108,7 @@ class SimShape:
     shard_max_age_s: float = 0.2  # spool.shard_max_age_s (the default is 30)
     shard_max_trajectories: int = 128  # spool.shard_max_trajectories
     poll_interval_s: float = 0.05  # spool.poll_interval_s (the default is 1; the trainer polls at most every 0.2 s)
+    eval_dedup: bool = False  # a group's samples share one diff: one test run, the siblings wait for it
     steps: int = 9
     warm_steps: int = 2
 
@@ -130,6 +131,7 @@ class _Group:
     left: int
     version: int = 1 << 30  # oldest version among its samples
     done_at: float = 0.0
+    eval_end: float | None = None  # when the group's one test run ends (eval_dedup)
 
 
 class Sim:
@@ -194,7 +196,12 @@ class Sim:
                 self.start(node, st, q.popleft())
 
     def start(self, node: int, stage: str, group: _Group) -> None:
-        dt = self.draws.stage(stage, self.s.means[stage])
+        if stage == "eval" and self.s.eval_dedup and group.eval_end is not None:
+            dt = max(0.0, group.eval_end - self.now)  # the sibling's run of the same diff: wait for its result
+        else:
+            dt = self.draws.stage(stage, self.s.means[stage])
+            if stage == "eval":
+                group.eval_end = self.now + dt
         if stage == "run":
             self.llm_free -= 1
             group.version = min(group.version, self.version)
@@ -304,25 +311,34 @@ def simulate(shape: SimShape, dists: Dists, max_staleness: int, reps: int, seed:
 
 
 # ------------------------------------------------------------------ from the bench
+def _stage_samples(cell: dict[str, Any], stage: str) -> list[float]:
+    """A bench cell's measured stage times; for EVAL those of the test runs (``eval_run_s``) where the bench
+    recorded them (its groups share one diff, which the node tests once: the model's ``eval_dedup``)."""
+    if stage == "eval" and cell.get("eval_run_s"):
+        return list(cell["eval_run_s"])
+    return list(cell["stage_s"][stage])
+
+
 def from_bench(bench: dict[str, Any]) -> tuple[Dists, list[tuple[dict[str, Any], SimShape, Dists]]]:
     """The pooled stage, step and loop distributions of every bench cell (drawn at random for the shapes a user
     plans), and per cell its shape (its own means, the bench's spool settings) and its own measurements,
     replayed in order (:class:`Dists`)."""
     b = bench["shape"]
     cells = bench["cells"]
-    pooled = {st: [x for c in cells for x in c["stage_s"][st]] for st in STAGES}
+    pooled = {st: [x for c in cells for x in _stage_samples(c, st)] for st in STAGES}
     steps = [x / statistics.fmean(c["step_s"]) for c in cells for x in c["step_s"]]
     loops = [x for c in cells for x in c.get("loop_s", [])] or [0.0]
     dists = Dists(stage=pooled, step=steps, loop=loops)
     out = []
     for c in cells:
-        means = {st: statistics.fmean(c["stage_s"][st]) for st in STAGES}
+        own_stages = {st: _stage_samples(c, st) for st in STAGES}
+        means = {st: statistics.fmean(own_stages[st]) for st in STAGES}
         shape = SimShape(nodes=1, init_workers=b["init_workers"], run_workers=b["run_workers"],
                          eval_workers=b["eval_workers"], llm_slots=b["llm_slots"], group_size=b["group_size"],
                          groups_per_step=b["groups_per_step"], means=means, step_s=statistics.fmean(c["step_s"]),
                          shard_max_age_s=b.get("shard_max_age_s", 0.2), poll_interval_s=b.get("poll_interval_s", 0.05),
-                         steps=b["steps"], warm_steps=b["warm_steps"])
-        own = Dists(stage=c["stage_s"], step=c["step_s"], loop=c.get("loop_s") or [0.0], replay=True)
+                         eval_dedup="eval_run_s" in c, steps=b["steps"], warm_steps=b["warm_steps"])
+        own = Dists(stage=own_stages, step=c["step_s"], loop=c.get("loop_s") or [0.0], replay=True)
         out.append((c, shape, own))
     return dists, out
 
@@ -386,11 +402,12 @@ def node_scaling(dists: Dists, reps: int, nodes: list[int], ratio: float = 0.5, 
 
 def ratio_one(bench: dict[str, Any], dists: Dists, reps: int) -> list[dict[str, Any]]:
     """The bench's shape with the trainer at exactly the rollout time of a step (ratio 1, from the stage means
-    of every cell pooled), synchronous and staleness 1, 2, 4: where issue 35's targets are stated."""
+    of every cell pooled, as the bench defines capacity: every sample's time in the stage, a sibling's wait for
+    a shared EVAL included), synchronous and staleness 1, 2, 4: where issue 35's targets are stated."""
     _, cells = from_bench(bench)
-    means = {st: statistics.fmean(dists.stage[st]) for st in STAGES}
-    shape = replace(cells[0][1], means=means)
-    shape = replace(shape, step_s=shape.rollout_step_s())
+    occupied = {st: statistics.fmean(x for c in bench["cells"] for x in c["stage_s"][st]) for st in STAGES}
+    step_s = replace(cells[0][1], means=occupied).rollout_step_s()
+    shape = replace(cells[0][1], means={st: statistics.fmean(dists.stage[st]) for st in STAGES}, step_s=step_s)
     return [{"shape": "bench, ratio 1", "ratio": 1.0, "max_staleness": s, **simulate(shape, dists, s, reps)}
             for s in (0, 1, 2, 4)]
 

@@ -155,3 +155,17 @@ def test_the_report_shows_the_idle_figures_of_the_run(tmp_path: Path) -> None:
     assert report["overlap"] == overlap_figures(read_metrics(paths.root))
     assert report["overlap"]["trainer_wait_ratio"] == 0.5 and report["overlap"]["trainer_idle"] is not None
     assert "<th>Idle (hpc.overlap)</th>" in page and "trainer wait ratio" in page and "50.0 %" in page
+
+
+def test_the_model_runs_a_groups_shared_diff_once_and_its_sibling_waits_for_it() -> None:
+    sim = _script("sim_overlap")
+    shape = sim.SimShape(group_size=2, means={"init": 0.1, "run": 1.0, "eval": 0.5}, eval_dedup=True)
+    model = sim.Sim(shape, sim.Dists(stage={s: [1.0] for s in sim.STAGES}, step=[1.0]), 1, seed=0)
+    group = sim._Group(task=0, left=2)
+    model.start(0, "eval", group)  # the first sample runs the tests: 0.5 s
+    model.now = 0.2
+    model.start(0, "eval", group)  # its sibling holds a worker until that result: 0.3 s more
+    assert sorted(t for t, _, _ in model.events) == pytest.approx([0.5, 0.5])
+    model.now = 0.7
+    model.start(0, "eval", group)  # after the result: no wait
+    assert max(t for t, _, _ in model.events) == pytest.approx(0.7)
