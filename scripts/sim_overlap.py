@@ -109,6 +109,7 @@ class SimShape:
     shard_max_trajectories: int = 128  # spool.shard_max_trajectories
     poll_interval_s: float = 0.05  # spool.poll_interval_s (the default is 1; the trainer polls at most every 0.2 s)
     eval_dedup: bool = False  # a group's samples share one diff: one test run, the siblings wait for it
+    eval_occupied_s: float | None = None  # with eval_dedup: a sample's mean time in EVAL (its wait included)
     steps: int = 9
     warm_steps: int = 2
 
@@ -117,8 +118,10 @@ class SimShape:
         return self.group_size * self.groups_per_step
 
     def rollout_capacity(self) -> float:
-        """Samples/s of the slowest stage (or the LLM slots over the RUN time)."""
-        caps = [self.nodes * getattr(self, f"{s}_workers") / self.means[s] for s in STAGES]
+        """Samples/s of the slowest stage (or the LLM slots over the RUN time), from each sample's mean time in the
+        stage (as the bench measures capacity: with ``eval_dedup``, ``eval_occupied_s``)."""
+        occupied = dict(self.means, **({"eval": self.eval_occupied_s} if self.eval_occupied_s is not None else {}))
+        caps = [self.nodes * getattr(self, f"{s}_workers") / occupied[s] for s in STAGES]
         return min(*caps, self.llm_slots / self.means["run"])
 
     def rollout_step_s(self) -> float:
@@ -337,7 +340,9 @@ def from_bench(bench: dict[str, Any]) -> tuple[Dists, list[tuple[dict[str, Any],
                          eval_workers=b["eval_workers"], llm_slots=b["llm_slots"], group_size=b["group_size"],
                          groups_per_step=b["groups_per_step"], means=means, step_s=statistics.fmean(c["step_s"]),
                          shard_max_age_s=b.get("shard_max_age_s", 0.2), poll_interval_s=b.get("poll_interval_s", 0.05),
-                         eval_dedup="eval_run_s" in c, steps=b["steps"], warm_steps=b["warm_steps"])
+                         eval_dedup="eval_run_s" in c,
+                         eval_occupied_s=statistics.fmean(c["stage_s"]["eval"]) if "eval_run_s" in c else None,
+                         steps=b["steps"], warm_steps=b["warm_steps"])
         own = Dists(stage=own_stages, step=c["step_s"], loop=c.get("loop_s") or [0.0], replay=True)
         out.append((c, shape, own))
     return dists, out
@@ -405,9 +410,11 @@ def ratio_one(bench: dict[str, Any], dists: Dists, reps: int) -> list[dict[str, 
     of every cell pooled, as the bench defines capacity: every sample's time in the stage, a sibling's wait for
     a shared EVAL included), synchronous and staleness 1, 2, 4: where issue 35's targets are stated."""
     _, cells = from_bench(bench)
-    occupied = {st: statistics.fmean(x for c in bench["cells"] for x in c["stage_s"][st]) for st in STAGES}
-    step_s = replace(cells[0][1], means=occupied).rollout_step_s()
-    shape = replace(cells[0][1], means={st: statistics.fmean(dists.stage[st]) for st in STAGES}, step_s=step_s)
+    shape = cells[0][1]
+    occupied = statistics.fmean(x for c in bench["cells"] for x in c["stage_s"]["eval"])
+    shape = replace(shape, means={st: statistics.fmean(dists.stage[st]) for st in STAGES},
+                    eval_occupied_s=occupied if shape.eval_dedup else None)
+    shape = replace(shape, step_s=shape.rollout_step_s())
     return [{"shape": "bench, ratio 1", "ratio": 1.0, "max_staleness": s, **simulate(shape, dists, s, reps)}
             for s in (0, 1, 2, 4)]
 
