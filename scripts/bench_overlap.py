@@ -347,8 +347,9 @@ def run_cell(shape: Shape, ratio: float, max_staleness: int) -> dict[str, Any]:
         figures = cell_figures(paths.root, shape, ratio, max_staleness, server,
                                trained_tasks=trained, latest=read_policy_latest(paths))
         steps = sorted(read_metrics(paths.root, "train_step"), key=lambda r: int(r["step"]))
-        figures["idle_causes"], figures["loop_s"] = idle_decomposition(trainer.engine.spans, trainer.source.waits, steps, list(read_metrics(paths.root, "episode")),
-                                                    trainer.spool.issued, shape.warm_steps)
+        episodes = list(read_metrics(paths.root, "episode"))
+        figures["idle_causes"], figures["loop_s"] = idle_decomposition(
+            trainer.engine.spans, trainer.source.waits, steps, episodes, trainer.spool.issued, shape.warm_steps)
         return figures
 
 
