@@ -55,22 +55,59 @@ def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_mi
         assert line["bound_fraction"] == pytest.approx(line["samples_per_hour"] / line["bound"], rel=1e-2)
         for key in ("trainer_idle", "inference_idle", "waste"):
             assert 0.0 <= line[key] <= 1.0, (key, line[key])
+        # the idle decomposition accounts for the trainer's whole idle time, one share per cause
+        assert set(cell["idle_causes"]) == set(bench.IDLE_CAUSES)
+        assert sum(cell["idle_causes"].values()) == pytest.approx(cell["trainer_idle"], abs=0.02), cell["idle_causes"]
+        assert len(cell["loop_s"]) == steps - 1 and all(x >= 0 for x in cell["loop_s"])
+        assert cell["trainer_idle_floor"] == pytest.approx(max(0.0, 1 - line["rollout_capacity"] / line["trainer_capacity"]),
+                                                           abs=1e-3)
     sync, async_ = full["cells"]
     assert set(sync["staleness_trained"]) == {"0"}, "staleness 0 trained a stale sample"
     # synchronous: the trainer waits for every step's rollouts, and inference waits for every step
     assert sync["trainer_idle"] > 0.2 and sync["inference_idle"] > 0.2, sync
+    rollout = ("not_issued", "claim", "init", "run_queue", "run", "eval_queue", "eval")
+    assert sum(sync["idle_causes"][k] for k in rollout) > 0.1, "synchronous idle is waiting for the rollouts"
 
 
 def test_the_model_reproduces_the_measured_bench_cells() -> None:
-    """Issue 35's target is every cell within 10 %. The fixture (the full bench, run at a load average of 23-37
-    on the 2 cores, so stage times drifted within a cell) meets it in 15 of 20 cells, the worst 26 % off: this
-    asserts what was met, so a model change that loses it fails."""
+    """Issue 35's target is every cell within 10 %. The fixture (the full bench, run at a load average of 20-50
+    on the 2 cores) meets it in 17 of 20 cells replaying each cell's own measurements; the other three (ratio 2
+    at staleness 1 and 2, ratio 0.5 at 4) are 11-18 % off, the model faster: this asserts what was met, so a
+    model change that loses it fails."""
     sim = _script("sim_overlap")
-    checks = sim.validate(json.loads(FIXTURE.read_text()), reps=10)
+    checks = sim.validate(json.loads(FIXTURE.read_text()), reps=4)
     assert len(checks) == 20
     within = [c for c in checks if abs(c["error"]) <= 0.10]
-    assert len(within) >= 15, checks
-    assert max(abs(c["error"]) for c in checks) <= 0.30, checks
+    assert len(within) >= 17, checks
+    assert max(abs(c["error"]) for c in checks) <= 0.20, checks
+    # where the trainer is the bottleneck (ratio 4), the idle left is the loop's own time between steps, which
+    # the model replays: it matches the bench's trainer idle
+    for c in checks:
+        if c["ratio"] == 4.0 and c["max_staleness"] >= 2:
+            assert c["sim_trainer_idle"] == pytest.approx(c["bench_trainer_idle"], abs=0.01), c
+
+
+def _one_group_sim(sim: ModuleType, age: float) -> Any:
+    shape = sim.SimShape(groups_per_step=1, group_size=1, init_workers=1, run_workers=2, eval_workers=1,
+                         llm_slots=2, means={"init": 0.1, "run": 1.0, "eval": 0.1}, step_s=0.5,
+                         shard_max_age_s=age, poll_interval_s=0.05, steps=6, warm_steps=1)
+    return sim.Sim(shape, sim.Dists(stage={s: [1.0] for s in sim.STAGES}, step=[1.0]), 1, seed=0)
+
+
+def test_the_model_seals_a_shard_by_age_while_the_node_is_busy() -> None:
+    """A complete group waits for its shard's seal while its node has more in flight (the age thread), and is
+    sealed at once when the node has nothing left: a longer spool.shard_max_age_s delays the trainer."""
+    sim = _script("sim_overlap")
+    fast, slow = _one_group_sim(sim, 0.1).run(), _one_group_sim(sim, 2.0).run()
+    assert slow["trainer_idle"] > fast["trainer_idle"] + 0.05, (fast, slow)
+    assert slow["samples_per_hour"] < 0.9 * fast["samples_per_hour"], (fast, slow)
+    idle = _one_group_sim(sim, 2.0)
+    idle.write(0, sim._Group(task=0, left=0))  # nothing in flight on node 0: sealed now
+    assert not idle.shards[0] and idle.shard_no[0] == 1
+    busy = _one_group_sim(sim, 2.0)
+    busy.in_flight[0] = 1
+    busy.write(0, sim._Group(task=0, left=0))  # another sample in flight: the shard waits for its age
+    assert len(busy.shards[0]) == 1 and busy.shard_no[0] == 0
 
 
 def test_the_model_scales_rollout_nodes_and_drops_what_is_too_stale() -> None:
@@ -118,3 +155,17 @@ def test_the_report_shows_the_idle_figures_of_the_run(tmp_path: Path) -> None:
     assert report["overlap"] == overlap_figures(read_metrics(paths.root))
     assert report["overlap"]["trainer_wait_ratio"] == 0.5 and report["overlap"]["trainer_idle"] is not None
     assert "<th>Idle (hpc.overlap)</th>" in page and "trainer wait ratio" in page and "50.0 %" in page
+
+
+def test_the_model_runs_a_groups_shared_diff_once_and_its_sibling_waits_for_it() -> None:
+    sim = _script("sim_overlap")
+    shape = sim.SimShape(group_size=2, means={"init": 0.1, "run": 1.0, "eval": 0.5}, eval_dedup=True)
+    model = sim.Sim(shape, sim.Dists(stage={s: [1.0] for s in sim.STAGES}, step=[1.0]), 1, seed=0)
+    group = sim._Group(task=0, left=2)
+    model.start(0, "eval", group)  # the first sample runs the tests: 0.5 s
+    model.now = 0.2
+    model.start(0, "eval", group)  # its sibling holds a worker until that result: 0.3 s more
+    assert sorted(t for t, _, _ in model.events) == pytest.approx([0.5, 0.5])
+    model.now = 0.7
+    model.start(0, "eval", group)  # after the result: no wait
+    assert max(t for t, _, _ in model.events) == pytest.approx(0.7)
