@@ -32,6 +32,7 @@ processes a Slurm job would start. Guarantees:
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import tempfile
@@ -97,13 +98,15 @@ class RoleJobs:
 
 
 def demo_config(steps: int, overrides: list[str]) -> RunConfig:
-    """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model."""
-    base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
-    config = load_config(None, [*base, *overrides])
-    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
-        from hpc.cli.util import warn_unchecked_model
+    """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model.
 
-        warn_unchecked_model(config)  # an unsupported chat template stops the demo before anything starts
+    Checked as every verb checks a run (:func:`hpc.cli.util.check_job`: the paths it reads, a model's chat
+    template, the harness install) before the warm start and before anything starts: ConfigError, exit 2."""
+    from hpc.cli.util import check_job
+
+    base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
+    config = check_job(load_config(None, [*base, *overrides]))
+    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
         return config
     from hpc.cli.demo_model import warm_model
 
@@ -314,7 +317,7 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         print("\ninterrupted: the roles drain (claims go back to the spool, the trainer keeps its checkpoint)",
               file=sys.stderr)
         stop_roles(paths, jobs, grace_s=45.0)
-        print(f"continue with: spoolrl demo --resume {paths.root}", file=sys.stderr)
+        print(f"continue with: spoolrl demo --resume {shlex.quote(str(paths.root))}", file=sys.stderr)
         return 130
     finally:
         for signum, handler in previous.items():
@@ -335,7 +338,8 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         print(f"spoolrl demo: reward {first:.2f} (mean of the first {result['reward_first_steps']} steps) -> "
               f"{last:.2f} (last {result['reward_last_steps']}), over {result['reward_of']}{batch}", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
-          f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {paths.root}", file=sys.stderr)
+          f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {shlex.quote(str(paths.root))}",
+          file=sys.stderr)
     if not ok:
         raise SpoolrlError(f"demo did not finish ({why}); role errors: {errors or 'none'}; logs in {paths.logs}")
     return 0
