@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import ConfigError
-from hpc.paths import TINY_MODEL
 
 
 @dataclass(frozen=True)
@@ -83,17 +82,3 @@ def check_model_dir(model_dir: Path, key: str = "model.path") -> ChatFormat:
                            f"supports ({', '.join(SUPPORTED_FORMATS)}); its start: {json.dumps(text[:120])}. "
                            "Use a model with one of these templates (or add its pieces to hpc/chat_format.py)"])
     return fmt
-
-
-def check_config_model(model_path: str, tokenizer_path: str = "") -> str:
-    """The CLI's check before anything is created or submitted: raises ConfigError for a model whose
-    chat template is unsupported; returns a warning ('' = checked) when the directory is not visible
-    from here (e.g. a path that exists only on compute nodes). ``tiny`` is built as ChatML."""
-    if model_path == TINY_MODEL and not tokenizer_path:
-        return ""
-    key, directory = ("model.tokenizer_path", tokenizer_path) if tokenizer_path else ("model.path", model_path)
-    if not Path(directory).is_dir():
-        return (f"spoolrl: warning: {key} {directory} does not exist here, so its chat template cannot be checked "
-                f"before submission (supported: {', '.join(SUPPORTED_FORMATS)})")
-    check_model_dir(Path(directory), key)
-    return ""

@@ -8,7 +8,9 @@ Guarantees:
   leader as ``N+0`` and the other groups as ``N+k``; plain submitit looks up ``N`` only and would
   report UNKNOWN forever, and wait forever on a cancelled job).
 - Every submission is recorded in ``RUN/slurm/jobs.json`` (atomic rewrite): job id, kind
-  (launch/resume/scale), the roles of its groups, the script; ``status``/``cancel`` read it.
+  (launch/resume/scale), the roles of its groups, the script and the submission it belongs to
+  (``<kind>-<time>-<n>``, unique in the run: ``n`` counts the ledger's records, so two submissions
+  in the same second stay apart); ``status``/``cancel`` read it.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class HetSlurmJob(SlurmJob[tp.Any]):
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One submission, as kept in RUN/slurm/jobs.json."""
+    """One submitted job, as kept in RUN/slurm/jobs.json."""
 
     job_id: str
     name: str
@@ -92,6 +94,7 @@ class JobRecord:
     roles: list[str]
     script: str
     submitted_at: float
+    submission: str = ""  # shared by the jobs of one submit() ('' for a job submitted without spoolrl)
 
 
 def submitit_folder(paths: RunPaths) -> Path:
@@ -170,13 +173,13 @@ def submit(paths: RunPaths, jobs: list[RenderedJob], *, kind: str) -> list[tuple
     """Write each script to RUN/slurm/, sbatch it, record it, and return submitit handles."""
     paths.slurm.mkdir(parents=True, exist_ok=True)
     submitted = []
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    submission = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{len(read_records(paths)) + 1}"
     for job in jobs:
-        script = paths.slurm / f"{kind}-{stamp}-{job.name}.sbatch"
+        script = paths.slurm / f"{submission}-{job.name}.sbatch"
         atomic_write_text(script, job.text)
         job_id = sbatch(script, cwd=paths.root)
         record = JobRecord(job_id=job_id, name=job.name, kind=kind, roles=roles_of(job, [job.name]),
-                           script=str(script), submitted_at=time.time())
+                           script=str(script), submitted_at=time.time(), submission=submission)
         _append_record(paths, record)
         submitted.append((record, track(paths, job_id)))
     return submitted

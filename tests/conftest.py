@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests import unprivileged
+
 MUST_RUN_MARKERS = ("slurm", "sandbox", "apptainer", "deepspeed", "vllm", "e2e")
 ACCEPTED_SKIP_PREFIX = "component unavailable:"
 
@@ -52,3 +54,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report.outcome = "failed"
     report.longrepr = (f"CI=true: test marked {markers} skipped without an accepted reason ({reason!r}). "
                        f"Install the component (see scripts/test.sh) or skip with '{ACCEPTED_SKIP_PREFIX} <why>'.")
+
+
+@pytest.fixture(scope="session")
+def rootless_home() -> Iterator[unprivileged.RootlessHome]:
+    """The CI user's fresh HOME with the sandbox image built there without root, once per session
+    (:func:`tests.unprivileged.rootless_home`): the rootless image test and the demo test share the build."""
+    if os.geteuid() != 0:
+        pytest.skip("component unavailable: running a child as the CI user needs the tests to run as root")
+    yield from unprivileged.rootless_home()

@@ -294,7 +294,7 @@ class Run:
         if not records:
             raise RunDirError(f"{self.root} has no submitted job yet; submit it with Run.submit() ('spoolrl launch')")
         last = records[-1]
-        batch = [r for r in records if r.kind == last.kind and _batch_of(r) == _batch_of(last)]
+        batch = [r for r in records if _submission_of(r) == _submission_of(last)]
         return Submission(self.root, last.kind, batch)
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 2.0,
@@ -325,7 +325,7 @@ def checkpoint_rows(paths: RunPaths) -> list[dict[str, tp.Any]]:
              "fence_generation": m.get("fence_generation"), "t": m.get("t")} for m in lineage(paths)]
 
 
-def _batch_of(record: JobRecord) -> str:
-    """The scripts of one submission share ``<kind>-<stamp>-`` (hpc.launch.submit names them so)."""
-    name = Path(record.script).name
-    return name.rsplit("-", 1)[0] if record.script else record.job_id
+def _submission_of(record: JobRecord) -> str:
+    """The jobs of one :func:`hpc.launch.submit` share ``record.submission``; a job submitted without spoolrl
+    (or recorded before submissions were named) is a submission of its own."""
+    return record.submission or record.job_id

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc.config import RunConfig, load_config
-from hpc.errors import ConfigError, RecordError, SandboxError, SpoolrlError, UsageError
+from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
@@ -103,14 +104,15 @@ class RoleJobs:
 
 
 def demo_config(steps: int, overrides: list[str]) -> RunConfig:
-    """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model."""
-    base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
-    config = load_config(None, [*base, *overrides])
-    check_harness(config)
-    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
-        from hpc.cli.util import warn_unchecked_model
+    """The demo's defaults + ``overrides``; without a ``model.path`` override, the warm-started model.
 
-        warn_unchecked_model(config)  # an unsupported chat template stops the demo before anything starts
+    Checked as every verb checks a run (:func:`hpc.cli.util.check_job`: the paths it reads, a model's chat
+    template, the harness install) before the warm start and before anything starts: ConfigError, exit 2."""
+    from hpc.cli.util import check_job
+
+    base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
+    config = check_job(load_config(None, [*base, *overrides]))
+    if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
         return config
     from hpc.cli.demo_model import warm_model
 
@@ -118,16 +120,6 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
     model = warm_model(seed=config.run.seed, system_prompt=config.rollout.system_prompt)
     print(f"spoolrl demo: warm-started tiny model {model} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     return load_config(None, [*base, f"model.path={model}", *overrides])
-
-
-def check_harness(config: RunConfig) -> None:
-    """``rollout.policy: harness``: the prefix must be an install here, before anything starts (ConfigError)."""
-    if config.rollout.policy != "harness":
-        return
-    from rollout_node.pipeline.harness_install import check_prefix
-
-    if problems := check_prefix(config.rollout.harness.prefix):
-        raise ConfigError(problems)
 
 
 def check_sandbox(config: RunConfig) -> None:
@@ -341,7 +333,7 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
         print("\ninterrupted: the roles drain (claims go back to the spool, the trainer keeps its checkpoint)",
               file=sys.stderr)
         stop_roles(paths, jobs, grace_s=45.0)
-        print(f"continue with: spoolrl demo --resume {paths.root}", file=sys.stderr)
+        print(f"continue with: spoolrl demo --resume {shlex.quote(str(paths.root))}", file=sys.stderr)
         return 130
     finally:
         for signum, handler in previous.items():
@@ -364,7 +356,8 @@ def run_demo(*, out: Path | None, resume: Path | None, steps: int, overrides: li
     if result["harness"]:
         print(f"spoolrl demo: {harness_line(result['harness'])}", file=sys.stderr)
     print(f"spoolrl demo: {'done' if ok else 'FAILED'}: {result['step']}/{total} steps in {result['elapsed_s']} s; "
-          f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {paths.root}", file=sys.stderr)
+          f"run directory {paths.root} (summary.json, logs/); next: spoolrl report {shlex.quote(str(paths.root))}",
+          file=sys.stderr)
     if not ok:
         raise SpoolrlError(f"demo did not finish ({why}); role errors: {errors or 'none'}; logs in {paths.logs}")
     return 0

@@ -69,15 +69,6 @@ def add_run_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="the run directory (on the shared filesystem)")
 
 
-def warn_unchecked_model(config: Any) -> None:
-    """Refuse an unsupported chat template now (ConfigError, exit 2); warn when it cannot be checked here."""
-    from hpc.chat_format import check_config_model
-
-    warning = check_config_model(config.model.path, config.model.tokenizer_path)
-    if warning:
-        print(warning, file=sys.stderr)
-
-
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
     """While a verb that answers in JSON on stdout works: whatever libraries print goes to stderr.

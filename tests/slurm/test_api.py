@@ -114,3 +114,20 @@ def test_cancel_then_resume_and_scale_from_python(run_dir: Path, fake_python: Pa
         assert [g["role"] for g in status["jobs"][1]["groups"]] == ["train", "infer", "rollout"]
     finally:
         _cancel_left_over(run)
+
+
+def test_latest_is_the_last_submission_even_within_one_second(run_dir: Path, fake_python: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two resumes of the same run within one second (the clock pinned to make it so) stay two submissions:
+    ``latest`` is the second alone, and neither script overwrote the other."""
+    run = _create(run_dir, fake_python, "600 0")
+    monkeypatch.setattr("hpc.launch.time.strftime", lambda *_: "20261206-030000")
+    first = run.submit()
+    try:
+        resumes = [run.resume(force=True), run.resume(force=True)]
+        assert Run.open(run_dir).latest().job_ids == resumes[1].job_ids
+        scripts = [Path(s.records[0].script) for s in (first, *resumes)]
+        assert len(set(scripts)) == 3 and [p.read_text() for p in scripts[1:]] == [r.text for r in resumes]
+        assert [j["kind"] for j in run.status()["jobs"]] == ["launch", "resume", "resume"]
+    finally:
+        _cancel_left_over(run)

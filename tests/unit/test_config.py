@@ -162,6 +162,16 @@ def test_unsupported_chat_template_is_refused_before_anything_starts(verb: list[
     assert list(work.iterdir()) == [], "nothing may be created for a refused model"
 
 
+def test_the_demo_checks_its_paths_as_every_verb_does(tmp_path: Path) -> None:
+    """The demo runs the shared check (hpc.cli.util.check_job): a model or task file that is not here stops it."""
+    out = subprocess.run([*SPOOLRL, "demo", "--steps", "1", "--out", str(tmp_path / "demo"), "model.path=/nowhere/model",
+                          "tasks.source=/nowhere/tasks.jsonl"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "model.path: /nowhere/model does not exist here" in out.stderr, out.stderr
+    assert "tasks.source: /nowhere/tasks.jsonl does not exist here" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing may be created for a refused config"
+
+
 @pytest.mark.parametrize("verb", [["validate"], ["render"], ["launch", "--dry-run"], ["init", "RUNDIR"]])
 def test_a_model_dir_not_visible_here_is_an_error_unless_it_is_on_the_cluster(
         verb: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
