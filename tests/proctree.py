@@ -6,17 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def children(pid: int) -> list[int]:
-    """The direct children of ``pid`` (from /proc)."""
+def _stats() -> list[tuple[int, list[str]]]:
+    """Every live process's pid and the fields of its /proc stat after the command name (state, ppid, pgrp,
+    session, ...)."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out.append((int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()))
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
     return out
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (from /proc)."""
+    return [p for p, fields in _stats() if int(fields[1]) == pid]
 
 
 def deepest_first(pid: int) -> list[int]:
@@ -26,12 +30,4 @@ def deepest_first(pid: int) -> list[int]:
 
 def session_members(sid: int) -> list[int]:
     """Live (not zombie) processes of session ``sid`` or of process group ``sid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and sid in (int(fields[2]), int(fields[3])):
-            out.append(int(stat.parent.name))
-    return out
+    return [p for p, fields in _stats() if fields[0] != "Z" and sid in (int(fields[2]), int(fields[3]))]

@@ -115,23 +115,29 @@ def _spool_violations(root: Path, rel: str, module: str, source: str, is_package
             for line, name in hits.items()]
 
 
-def violations(root: Path) -> list[str]:
-    found = []
+def library_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every library source file under ``root`` (the three packages, without the built-in tasks' repos): its
+    path relative to ``root`` and its path."""
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if any(rel.startswith(s) for s in SKIP):
-                continue
-            module = module_name(root, path)
-            banned = forbidden_for(module)
-            source, is_package = path.read_text(), path.name == "__init__.py"
-            found += _spool_violations(root, rel, module, source, is_package)
-            reported: set[int] = set()  # one line per import statement (`from X import a, b` names X and X.a)
-            for line, name in imported_names(source, module, is_package):
-                hit = next((b for b in banned if _within(name, b)), None)
-                if hit and line not in reported:
-                    reported.add(line)
-                    found.append(f"{rel}:{line}: {module} imports {name} ({hit} is off limits for it)")
+            if not any(rel.startswith(s) for s in SKIP):
+                yield rel, path
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for rel, path in library_files(root):
+        module = module_name(root, path)
+        banned = forbidden_for(module)
+        source, is_package = path.read_text(), path.name == "__init__.py"
+        found += _spool_violations(root, rel, module, source, is_package)
+        reported: set[int] = set()  # one line per import statement (`from X import a, b` names X and X.a)
+        for line, name in imported_names(source, module, is_package):
+            hit = next((b for b in banned if _within(name, b)), None)
+            if hit and line not in reported:
+                reported.add(line)
+                found.append(f"{rel}:{line}: {module} imports {name} ({hit} is off limits for it)")
     return found
 
 

@@ -19,9 +19,9 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.unit.test_layering import library_files
+
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("hpc", "rollout_node", "train_node")
-SKIP = ("rollout_node/tasks/builtin/repos/",)
 SEAM_MODULES = ("hpc/spool/", "hpc/records.py", "rollout_node/pipeline/claim.py", "train_node/trainer/checkpoint.py")
 SEAM_NAMES = ("spool", "lease", "claim", "task", "checkpoint", "ckpt")
 LIMIT = 10
@@ -65,13 +65,9 @@ def bare_any(source: str, whole_module: bool) -> Iterator[tuple[int, str]]:
 
 def count(root: Path) -> list[str]:
     found = []
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            rel = path.relative_to(root).as_posix()
-            if any(rel.startswith(s) for s in SKIP):
-                continue
-            whole = any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in SEAM_MODULES)
-            found += [f"{rel}:{line}: {what}" for line, what in bare_any(path.read_text(), whole)]
+    for rel, path in library_files(root):
+        whole = any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in SEAM_MODULES)
+        found += [f"{rel}:{line}: {what}" for line, what in bare_any(path.read_text(), whole)]
     return found
 
 
