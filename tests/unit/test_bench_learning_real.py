@@ -43,6 +43,11 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
     ev = load_config(None, [*DEMO_OVERRIDES, *bench.eval_overrides(model, model, args)])
     assert ev.tasks.source == "builtin-lookup-heldout" and ev.trainer.lr == 0 and ev.algorithm.group_size == 3
     assert ev.algorithm.groups_per_step == 32 and ev.tasks.epochs == 1 and not ev.algorithm.drop_zero_variance
+    warm = bench.warm_spec(args)  # every phase prompts the model as the format warm start fitted it
+    assert warm.trainable_layers == 2 and warm.steps == args.warm_steps
+    for rollout in (real["rollout"], to_dict(ev)["rollout"]):
+        assert (rollout["system_prompt"], rollout["max_turns"], rollout["max_new_tokens_per_turn"]) == \
+            (warm.system_prompt, warm.max_turns, warm.max_new_tokens_per_turn)
     assert ev.inference.temperature == load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(
         model, args, 1)]).inference.temperature, "evaluated at the run's temperature"
 
