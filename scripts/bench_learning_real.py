@@ -17,7 +17,7 @@ Phases, in order (each prints one JSON line):
 2. ``before``: the held-out pass rate of the warm-started model: every instance of ``builtin-lookup-heldout``
    (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
    whose episodes are counted (pass = reward 1; the step itself changes nothing). RL has something to learn
-   only if it is above 0 and below 1.
+   only if it is above 0 and below 1: at 0 or 1 the bench stops here and says so.
 3. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
    rollouts and the step) with its tokens (``--measure-only`` stops here). The steps per arm are sized from
    it and the evaluation's time so that the three arms and their evaluations fit ``--budget-s`` (default
@@ -168,6 +168,14 @@ def evaluate(name: str, policy: Path, tokenizer: Path, out: Path, args: argparse
     return figures
 
 
+def check_learnable(before: float) -> None:
+    """Stop before any arm when the warm-started model's held-out pass rate leaves RL nothing to learn."""
+    if not 0.0 < before < 1.0:
+        raise SystemExit(f"bench_learning_real: the held-out pass rate before RL is {before}: with every episode "
+                         f"{'failing' if before == 0 else 'passing'}, every advantage is 0 and the arms cannot differ; "
+                         "change the warm start (--warm-steps, --warm-lr, --layers) until it is between 0 and 1")
+
+
 def size_steps(step_s: float, eval_s: float, args: argparse.Namespace) -> int:
     """Steps per arm: three arms and three more evaluations within ``--budget-s``, each arm <= 20 minutes."""
     per_arm = min(ARM_BUDGET_S, (args.budget_s - 3 * eval_s) / len(ARMS))
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                       **json.loads((model / WARM_MARKER).read_text())}), flush=True)
     t0 = time.monotonic()
     before = evaluate("before", model, model, out, args)
+    check_learnable(before["pass_rate"])
     measure_run = out / "measure"
     measure_wall = run_demo(measure_run, 1, train_overrides(model, args, 1))
     measured = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}

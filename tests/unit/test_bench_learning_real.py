@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from hpc.cli.demo_run import DEMO_OVERRIDES
 from hpc.config import load_config
 from hpc.config.base import to_dict
@@ -59,3 +61,11 @@ def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
     assert 3 * (steps * 30.0) + 3 * 120.0 <= args.budget_s and steps * 30.0 <= 1200
     assert bench.size_steps(10.0, 60.0, args) == args.max_steps
     assert bench.size_steps(5000.0, 60.0, args) == 1
+
+
+def test_a_pass_rate_of_0_or_1_before_rl_stops_the_bench() -> None:
+    bench = _bench()
+    bench.check_learnable(0.25)
+    for rate in (0.0, 1.0):
+        with pytest.raises(SystemExit, match="--warm-steps"):
+            bench.check_learnable(rate)
