@@ -34,7 +34,7 @@ class LookupWarm:
 
     steps: int = 16
     batch_size: int = 4
-    lr: float = 1e-4
+    lr: float = 1e-3  # measured: 1e-4 (16 steps) left the model answering in prose; 1e-3 taught the format
     trainable_layers: int = 4
     seed: int = 0
     system_prompt: str = "brief"
