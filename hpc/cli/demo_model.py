@@ -11,6 +11,10 @@ Guarantees:
   setting to one of the K values, then submit, through the real agent loop) and the reward: the
   sampled share of correct answers and the exact expectation from the value token's probabilities.
   The transcripts draw the value independently of the statement, so the expectation is about 1/K.
+- :func:`lookup_warm_model`: a pretrained chat model (SmolLM2) fitted on the canonical episodes of
+  ``builtin-lookup-warm`` (the set disjoint from ``builtin-lookup`` and its held-out set; a few SFT steps on
+  the top blocks), cached like :func:`warm_model`; :func:`measure_lookup` samples episodes of a lookup set
+  in this process (the sandbox's file tools on a copy of the repository) for a quick pass rate.
 """
 
 from __future__ import annotations
@@ -21,6 +25,29 @@ from typing import Any
 
 TRANSCRIPTS = 256
 DEMO_SYSTEM_PROMPT = "brief"  # the demo's rollout.system_prompt (hpc.cli.demo_run.DEMO_OVERRIDES)
+LOOKUP_WARM_SET = "builtin-lookup-warm"
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupWarm:
+    """The lookup warm start: SFT steps on the top ``trainable_layers`` blocks, with the agent's budget."""
+
+    steps: int = 16
+    batch_size: int = 4
+    lr: float = 1e-3  # measured: 1e-4 (16 steps) left the model answering in prose; 1e-3 taught the format
+    trainable_layers: int = 4
+    seed: int = 0
+    system_prompt: str = "brief"
+    max_turns: int = 4
+    max_new_tokens_per_turn: int = 64
+    observation_max_tokens: int = 128
+
+    def limits(self, temperature: float = 1.0) -> Any:
+        from rollout_node.agent.loop import AgentLimits
+
+        return AgentLimits(max_turns=self.max_turns, max_tokens=4096, temperature=temperature,
+                           max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+                           observation_max_tokens=self.observation_max_tokens)
 
 
 def warm_model(seed: int = 0, *, system_prompt: str = DEMO_SYSTEM_PROMPT, transcripts: int = TRANSCRIPTS,
@@ -110,3 +137,49 @@ def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, se
     return {"episodes": episodes, "temperature": temperature, "well_formed_share": well_formed / episodes,
             "sampled_reward": correct / episodes, "system_prompt": system_prompt,
             **expected_reward(model_dir, temperature, system_prompt)}
+
+
+def lookup_warm_model(base: Path, warm: LookupWarm = LookupWarm()) -> Path:
+    """``base`` fitted on the canonical episodes of ``builtin-lookup-warm`` (cached; see the module's Guarantees)."""
+    from rollout_node.agent.prompts import SYSTEM_PROMPTS
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin.warm import lookup_transcripts
+    from train_node.infer.warm import WarmSpec, cached_warm_start
+
+    template = ChatTemplate.from_model_dir(base)
+    examples = [(t.token_ids, t.loss_mask) for t in
+                lookup_transcripts(template, load_tasks(LOOKUP_WARM_SET), agent_limits=warm.limits(),
+                                   system=SYSTEM_PROMPTS[warm.system_prompt])]
+    spec = WarmSpec(steps=warm.steps, batch_size=warm.batch_size, lr=warm.lr, seed=warm.seed,
+                    trainable_layers=warm.trainable_layers)
+    return cached_warm_start(base, examples, spec)
+
+
+def measure_lookup(model_dir: Path, source: str, *, k: int = 1, temperature: float = 0.7, seed: int = 0,
+                   warm: LookupWarm = LookupWarm()) -> dict[str, Any]:
+    """Every instance of ``source`` sampled ``k`` times in this process: the share that wrote the file's value
+    and submitted, and the share that made the family's edit at all (the format)."""
+    from rollout_node.agent.loop import AgentLoop
+    from rollout_node.agent.prompts import SYSTEM_PROMPTS, task_messages
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks import load_tasks
+    from rollout_node.tasks.builtin import lookup
+    from rollout_node.tasks.builtin.warm import RepoFileTools
+    from train_node.infer.warm import Sampler
+
+    template = ChatTemplate.from_model_dir(model_dir)
+    loop = AgentLoop(template, warm.limits(temperature))
+    policy = _LocalPolicy(Sampler(model_dir, seed=seed))
+    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value)
+    passed = edited = episodes = 0
+    for task in load_tasks(source):
+        for _ in range(k):
+            tools.reset()
+            result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[warm.system_prompt]),
+                              policy, tools)
+            episodes += 1
+            edited += tools.written is not None
+            passed += bool(result.submitted) and tools.written == lookup.answer_of(task)
+    return {"source": source, "episodes": episodes, "temperature": temperature, "pass_rate": passed / episodes,
+            "edit_share": edited / episodes}

@@ -54,3 +54,26 @@ def test_only_the_files_value_scores_in_the_real_sandbox(tmp_path) -> None:
     wrong = harness.evaluate(task, task.patch.replace(f'"{value}"', f'"{other}"'), **kw)
     empty = harness.evaluate(task, "", **kw)
     assert (gold.reward, wrong.reward, empty.reward) == (1.0, 0.0, 0.0), (gold.log, wrong.log, empty.log)
+
+
+def test_warm_transcripts_view_the_file_and_write_its_value(tmp_path) -> None:
+    """``lookup_transcripts``: one canonical episode per instance, in order: the value appears first in the
+    ``view`` observation (mask 0), then in the policy's edit (mask 1); the statement never holds it."""
+    from rollout_node.agent.loop import AgentLimits
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks.builtin.warm import lookup_transcripts
+    from train_node.infer.tiny import build_tiny_model
+
+    template = ChatTemplate.from_model_dir(build_tiny_model(tmp_path / "tiny", seed=0))
+    tasks = load_tasks("builtin-lookup-warm")[:3]
+    got = lookup_transcripts(template, tasks, agent_limits=AgentLimits(max_turns=4, max_new_tokens_per_turn=64),
+                             system="Fix it.")
+    assert [t.value for t in got] == [answer_of(t) for t in tasks]
+    for t in got:
+        ids, mask = t.token_ids, t.loss_mask
+        policy = template.decode([i for i, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False)
+        context = template.decode([i for i, m in zip(ids, mask, strict=True) if not m], skip_special_tokens=False)
+        assert policy.count("<tool_call>") == 3 and '"view"' in policy and '"submit"' in policy
+        assert f'"new": "{t.value}"' in policy and f"value = {t.value}" in context
+        first_policy = mask.index(1)
+        assert t.value not in template.decode(ids[:first_policy]), "the statement must not hold the value"

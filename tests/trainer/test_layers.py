@@ -34,6 +34,20 @@ def test_zero_trains_everything_and_n_keeps_the_top_blocks(tmp_path: Path) -> No
     assert train_top_layers(model, 2) == total  # every block: with the tied head, every parameter
 
 
+def test_tied_head_trains_through_the_head_only_so_backward_stops_at_the_top_blocks(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert model(input_ids=ids, output_hidden_states=True).hidden_states[0].requires_grad  # before: all the way down
+    train_top_layers(model, 1)
+    out = model(input_ids=ids, output_hidden_states=True)
+    assert not out.hidden_states[0].requires_grad and not out.hidden_states[1].requires_grad  # below block 1
+    assert out.hidden_states[2].requires_grad
+    out.logits.sum().backward()
+    embed = model.get_input_embeddings().weight
+    assert embed is model.get_output_embeddings().weight and embed.grad is not None and embed.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.model.layers[0].parameters())
+
+
 def test_refuses_more_layers_than_the_model_has_and_a_model_without_blocks(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"trainer.trainable_layers: 3 but the model has 2 transformer blocks"):
         train_top_layers(_model(tmp_path), 3)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from hpc.cli.demo_run import DEMO_OVERRIDES
 from hpc.config import load_config
 from hpc.config.base import to_dict
@@ -43,6 +45,11 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
     ev = load_config(None, [*DEMO_OVERRIDES, *bench.eval_overrides(model, model, args)])
     assert ev.tasks.source == "builtin-lookup-heldout" and ev.trainer.lr == 0 and ev.algorithm.group_size == 3
     assert ev.algorithm.groups_per_step == 32 and ev.tasks.epochs == 1 and not ev.algorithm.drop_zero_variance
+    warm = bench.warm_spec(args)  # every phase prompts the model as the format warm start fitted it
+    assert warm.trainable_layers == 2 and warm.steps == args.warm_steps
+    for rollout in (real["rollout"], to_dict(ev)["rollout"]):
+        assert (rollout["system_prompt"], rollout["max_turns"], rollout["max_new_tokens_per_turn"]) == \
+            (warm.system_prompt, warm.max_turns, warm.max_new_tokens_per_turn)
     assert ev.inference.temperature == load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(
         model, args, 1)]).inference.temperature, "evaluated at the run's temperature"
 
@@ -54,3 +61,11 @@ def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
     assert 3 * (steps * 30.0) + 3 * 120.0 <= args.budget_s and steps * 30.0 <= 1200
     assert bench.size_steps(10.0, 60.0, args) == args.max_steps
     assert bench.size_steps(5000.0, 60.0, args) == 1
+
+
+def test_a_pass_rate_of_0_or_1_before_rl_stops_the_bench() -> None:
+    bench = _bench()
+    bench.check_learnable(0.25)
+    for rate in (0.0, 1.0):
+        with pytest.raises(SystemExit, match="--warm-steps"):
+            bench.check_learnable(rate)

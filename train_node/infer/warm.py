@@ -46,10 +46,19 @@ class WarmSpec:
     seed: int = 0
     threads: int = 2
     group: int = 1
+    trainable_layers: int = 0  # as trainer.trainable_layers: only the top N blocks, the norm and the head (0: all)
+
+
+def _spec_key(spec: WarmSpec) -> dict[str, Any]:
+    """The spec as hashed: ``trainable_layers`` only when set, so the keys made before it existed still hold."""
+    fields = dataclasses.asdict(spec)
+    if not spec.trainable_layers:
+        del fields["trainable_layers"]
+    return fields
 
 
 def warm_key(base_dir: Path, examples: Sequence[Example], spec: WarmSpec) -> str:
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(_spec_key(spec), sort_keys=True).encode())
     for f in sorted(p for p in Path(base_dir).iterdir() if p.is_file()):
         h.update(f.name.encode() + f.read_bytes())
     for ids, mask in examples:
@@ -103,6 +112,8 @@ def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSp
     """Fit ``base_dir``'s model on ``examples`` and save it (with the base's tokenizer) into ``out_dir``."""
     import torch
 
+    from train_node.trainer.layers import train_top_layers
+
     assert examples, "a warm start needs transcripts"
     assert spec.batch_size % spec.group == 0 and len(examples) % spec.group == 0, "whole sets per batch"
     torch.set_num_threads(spec.threads)
@@ -111,7 +122,8 @@ def fit(base_dir: Path, out_dir: Path, examples: Sequence[Example], spec: WarmSp
         torch.manual_seed(spec.seed)
         model = _load(base_dir)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+        train_top_layers(model, spec.trainable_layers)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr, weight_decay=0.0)
         gen = torch.Generator().manual_seed(spec.seed)
         losses = []
         for step in range(spec.steps):

@@ -5,7 +5,10 @@ Guarantees:
   outside the top N blocks of the decoder's ``layers``, the decoder's final ``norm`` and the output head;
   the engine builds its optimizer from the parameters still trainable, so the frozen ones are neither
   updated nor in the optimizer state. They stay in every checkpoint and published policy (unchanged).
-- With tied input and output embeddings (SmolLM2) the head *is* the input embedding: it is trained.
+- With tied input and output embeddings (SmolLM2) the head *is* the input embedding: it is trained, through
+  the head only. The input embedding's output is detached (a forward hook), so the backward pass stops at
+  the lowest trainable block instead of running through every frozen one (which would cost about as much
+  as training them all); the shared weight's gradient is the head's.
 - A model without that layout (no ``get_decoder().layers`` list, no output head) or with fewer than N
   blocks is refused with a ValueError that names the key and the fix, before DeepSpeed starts.
 """
@@ -30,6 +33,10 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def _detached(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+    return output.detach()
+
+
 def train_top_layers(model: torch.nn.Module, n: int) -> int:
     """Freeze everything but the top ``n`` blocks, the final norm and the head (``n`` = 0: nothing); returns the
     number of parameters left trainable."""
@@ -51,4 +58,8 @@ def train_top_layers(model: torch.nn.Module, n: int) -> int:
     trainable = {id(p) for module in keep for p in module.parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in trainable)
+    get_embed = getattr(model, "get_input_embeddings", None)
+    embed = get_embed() if callable(get_embed) else None
+    if isinstance(embed, torch.nn.Module) and getattr(embed, "weight", None) is getattr(head, "weight", False):
+        embed.register_forward_hook(_detached)  # tied: the head's weight trains through the head only
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_node.tasks.builtin.spec import Spec
+from rollout_node.tasks.builtin.spec import Spec, replaced_value
 
 REPO = "lookup"
 CONFIG = "lookup/config.py"
@@ -86,7 +86,18 @@ def answer_of(task: Mapping[str, Any] | Any) -> str:
     return line.split("=", 1)[1].strip().strip('"')
 
 
+def setting_of(task: Mapping[str, Any] | Any) -> str:
+    """The setting a task instance names (from its FAIL_TO_PASS test's name)."""
+    tests = task["FAIL_TO_PASS"] if isinstance(task, Mapping) else task.FAIL_TO_PASS
+    return str(tests[0]).rsplit("test_value_is_", 1)[1]
+
+
+def written_value(arguments: Mapping[str, Any]) -> str | None:
+    """The value a ``str_replace`` call writes into ``VALUE``, when it is the family's edit."""
+    return replaced_value(arguments, CONFIG, PLACEHOLDER)
+
+
 def solution_calls(name: str, value: str) -> list[tuple[str, dict[str, Any]]]:
-    """The three tool calls of the canonical episode: read the setting's file, write ``value``, submit."""
-    return [("bash", {"command": f"cat settings/{name}.ini"}),
+    """The three tool calls of the canonical episode: view the setting's file, write ``value``, submit."""
+    return [("view", {"path": f"settings/{name}.ini"}),
             ("str_replace", {"path": CONFIG, "old": PLACEHOLDER, "new": value}), ("submit", {})]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_node.tasks.builtin.spec import Spec
+from rollout_node.tasks.builtin.spec import Spec, replaced_value
 
 REPO = "summary"
 CONFIG = "summary/config.py"
@@ -84,10 +84,7 @@ def solution_calls(value: str) -> list[tuple[str, dict[str, Any]]]:
 
 def written_value(arguments: Mapping[str, Any]) -> str | None:
     """The value a ``str_replace`` call writes into the setting, when it is the family's edit."""
-    if arguments.get("path") == CONFIG and arguments.get("old") == PLACEHOLDER:
-        new = arguments.get("new")
-        return new if isinstance(new, str) else None
-    return None
+    return replaced_value(arguments, CONFIG, PLACEHOLDER)
 
 
 def single_token_values(encode: Any) -> bool:

@@ -9,9 +9,19 @@ PASS_TO_PASS is every test already in the test files the test patch touches, plu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Edit = tuple[str, str, str]
+
+
+def replaced_value(arguments: Mapping[str, Any], path: str, old: str) -> str | None:
+    """The ``new`` text of a ``str_replace`` call's ``arguments`` when it replaces ``old`` in ``path``, else None."""
+    if arguments.get("path") == path and arguments.get("old") == old:
+        new = arguments.get("new")
+        return new if isinstance(new, str) else None
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Format-only episodes of ``builtin-pick``: the warm start's transcripts, and a scorer for sampled episodes.
+"""Warm-start transcripts: format-only episodes of ``builtin-pick``, demonstrations of ``builtin-lookup-warm``.
 
 Guarantees:
 - Token-exact: a transcript is what the real :class:`~rollout_node.agent.loop.AgentLoop` records for
@@ -9,14 +9,20 @@ Guarantees:
 - Format only: the value a transcript writes is drawn uniformly from ``VALUES``, independently of
   the statement (``rng`` decides both, separately), so the statement carries no information about
   the answer in this data. A model fitted to it scores 1/K in expectation before RL.
+- :func:`lookup_transcripts`: the canonical episode of each given ``builtin-lookup`` instance (view the
+  setting's file, write its value, submit), token-exact in the same way (``view`` and ``str_replace`` are the
+  sandbox's host-side file tools). Callers give it only ``builtin-lookup-warm``, the set disjoint from the
+  training and held-out ones, so a model fitted to it has seen the tool protocol, never an instance it is
+  trained or evaluated on.
 - Imports no torch: the model side (training, sampling) is ``train_node.infer.warm``.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,7 @@ from rollout_node.agent.prompts import SYSTEM_PROMPT, task_messages
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.agent.toolcall import ToolCall, format_tool_call
 from rollout_node.agent.tools import ToolOutput
-from rollout_node.tasks.builtin import REPOS_DIR
+from rollout_node.tasks.builtin import REPOS_DIR, lookup
 from rollout_node.tasks.builtin.pick import CONFIG, VALUES, answer_of, solution_calls, written_value
 from rollout_node.tasks.instance import TaskInstance
 
@@ -54,32 +60,39 @@ class _Script:
 
 
 class RepoFileTools:
-    """str_replace/submit on a private copy of the ``summary`` repository (the sandbox's file tool, no sandbox).
+    """view/str_replace/submit on a private copy of a packaged repository (the sandbox's file tools, no sandbox).
 
-    Each episode starts from the pristine repository; ``written`` is the value the episode wrote.
+    Each episode starts from the pristine repository (``reset`` restores the ``edited`` files); ``written``
+    is what the episode's last successful edit wrote (``written_value`` of its arguments).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, repo: str = "summary", edited: Sequence[str] = (CONFIG,),
+                 written_value: Callable[[Mapping[str, Any]], str | None] = written_value) -> None:
         from rollout_node.sandbox.files import FileTools
 
-        self._dir = Path(tempfile.mkdtemp(prefix="spoolrl-pick-"))
+        self._source = REPOS_DIR / repo
+        self._dir = Path(tempfile.mkdtemp(prefix=f"spoolrl-{repo}-"))
+        shutil.copytree(self._source, self._dir, dirs_exist_ok=True)
         self._files = FileTools(self._dir, "/work", keep=64 * 1024, max_file_bytes=1 << 20)
+        self._edited, self._written_value = tuple(edited), written_value
         self.written: str | None = None
         self.reset()
 
     def reset(self) -> None:
-        target = self._dir / CONFIG
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text((REPOS_DIR / "summary" / CONFIG).read_text())
+        for rel in self._edited:
+            (self._dir / rel).write_text((self._source / rel).read_text())
         self.written = None
 
     def execute(self, call: ToolCall) -> ToolOutput:
-        if call.name != "str_replace":
-            return ToolOutput(text=f"error: {call.name} is not available in this stand-in\n", exit_code=1)
         a = call.arguments
-        result = self._files.str_replace(a["path"], a["old"], a["new"])
-        if result.exit_code == 0:
-            self.written = written_value(a)
+        if call.name == "view":
+            result = self._files.view(a["path"])
+        elif call.name == "str_replace":
+            result = self._files.str_replace(a["path"], a["old"], a["new"])
+            if result.exit_code == 0:
+                self.written = self._written_value(a)
+        else:
+            return ToolOutput(text=f"error: {call.name} is not available in this stand-in\n", exit_code=1)
         return ToolOutput(text=str(result.output), exit_code=result.exit_code)
 
     def submit(self) -> ToolOutput:
@@ -127,3 +140,20 @@ def value_prefix(template: ChatTemplate, task: TaskInstance, *,
     cut = next(i for i in range(len(calls[0])) if len({c[i] for c in calls}) > 1)
     assert all(c[:cut] == calls[0][:cut] for c in calls), "the values must follow one common prefix"
     return first + calls[0][:cut], [c[cut] for c in calls]
+
+
+def lookup_transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], *, agent_limits: AgentLimits,
+                       system: str = SYSTEM_PROMPT) -> list[Transcript]:
+    """The canonical episode of each ``builtin-lookup`` instance of ``tasks``, in order (see the module's
+    Guarantees: give it ``builtin-lookup-warm`` only)."""
+    loop = AgentLoop(template, agent_limits)
+    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value)
+    out = []
+    for task in tasks:
+        value, name = lookup.answer_of(task), lookup.setting_of(task)
+        tools.reset()
+        result = loop.run(task_messages(task.problem_statement, system=system),
+                          _Script(template, lookup.solution_calls(name, value)), tools)
+        assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason, result.error)
+        out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, value))
+    return out
