@@ -63,3 +63,22 @@ def rootless_home() -> Iterator[unprivileged.RootlessHome]:
     if os.geteuid() != 0:
         pytest.skip("component unavailable: running a child as the CI user needs the tests to run as root")
     yield from unprivileged.rootless_home()
+
+
+RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_stays_in_its_test() -> Iterator[None]:
+    """A trainer run in this process exports its rendezvous into ``os.environ``
+    (:meth:`train_node.trainer.dist_env.DistEnv.export`, which ``deepspeed.init_distributed`` reads) and its
+    process group keeps that port bound. A role a later test spawns would inherit the variables as a
+    launcher's and rendezvous on that port (EADDRINUSE: the harness demo's trainer after the gateway's
+    on-policy test). Each test gets the variables back as they were."""
+    before = {k: os.environ.get(k) for k in RENDEZVOUS_VARS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
