@@ -15,7 +15,7 @@ PROVIDER = {"bwrap": "bubblewrap", "debootstrap": "debootstrap", "mmdebstrap": "
             "patch": "patch", "apptainer": "apptainer", "shellcheck": "shellcheck", "ps": "procps"}
 ESSENTIAL = {"bash", "env", "setsid", "tar", "chroot", "sed", "awk", "grep", "find", "chmod", "du", "cut", "date",
              "mkdir", "mv", "rm", "realpath", "dirname", "cat", "sha256sum", "id", "mktemp", "true", "dpkg", "apt-get",
-             "dpkg-query"}
+             "dpkg-query", "setpriv"}  # setsid, setpriv: util-linux, Essential in Debian
 
 
 def packages(path: str) -> list[str]:
