@@ -25,6 +25,12 @@ class InferenceConfig:
     request_timeout_s: float = knob(120.0, doc="timeout of one completion request", min=0.1, resumable=True)
     max_retries: int = knob(3, doc="retries (with backoff, failover to another server) per request", min=0,
                             resumable=True)
+    outage_wait_s: float = knob(
+        600.0, doc="when no inference server answers after max_retries (the only server restarting, the inference "
+        "group requeued), a request keeps retrying (backoff up to 10 s) this long before the episode ends as "
+        "inference_error; the wait is not counted in the episode's RUN clock, and these failures do not count "
+        "toward rollout.max_consecutive_infra_faults until it is over (0 = max_retries only)", min=0.0,
+        resumable=True)
     max_concurrent_per_server: int = knob(16, doc="in-flight requests per server from one client", min=1,
                                           resumable=True)
     num_cpu_servers: int = knob(1, doc="engine 'cpu': CPU engine servers per inference node", min=1, max=64,

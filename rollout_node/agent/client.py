@@ -15,9 +15,13 @@ Guarantees:
 - Failures: each request gets ``1 + max_retries`` attempts. A transient failure puts the server
   in cooldown and the session fails over to another live server at once, re-sending the same
   token prompt and seed; with no other server it waits (exponential backoff, full jitter) and
-  tries again. When attempts run out, or the server rejects the request (4xx) or answers
-  malformed data, :class:`hpc.errors.InferenceError` is raised: the loop records
-  ``inference_error``; nothing here kills the node.
+  tries again. When the attempts are spent and still no server answers (an outage: the only
+  server restarting, the inference group requeued), it keeps trying until ``outage_wait_s`` has
+  passed since the first failure, so that a restart does not turn every episode in flight into
+  an infrastructure fault (and the node's fault streak into a self-stop). After that, or at once
+  when the server rejects the request (4xx) or answers malformed data,
+  :class:`hpc.errors.InferenceError` is raised: the loop records ``inference_error``; nothing
+  here kills the node. :meth:`InferenceClient.close` ends every wait at once.
 - Authentication: with a ``token`` (``from_config`` reads the run secret, ``RUN/control/secret``)
   every request to every server carries ``Authorization: Bearer <token>``.
 - At most ``max_concurrent_per_server`` requests are in flight to one server from this client.
@@ -30,7 +34,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,17 +125,22 @@ class RetryPolicy:
     The backoff and cooldown are not config knobs; ``max_retries`` defaults to the config's."""
 
     max_retries: int = _INFERENCE.max_retries
+    outage_wait_s: float = _INFERENCE.outage_wait_s
     backoff_base_s: float = 0.5
     backoff_max_s: float = 10.0
     cooldown_s: float = 30.0
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
-        return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt))
+        return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** min(attempt, 30)))
 
     @classmethod
     def from_config(cls, cfg: InferenceConfig) -> RetryPolicy:
-        return cls(max_retries=cfg.max_retries)
+        return cls(max_retries=cfg.max_retries, outage_wait_s=cfg.outage_wait_s)
+
+    def gives_up(self, attempts: int, failing_since: float) -> bool:
+        """After ``attempts`` failed attempts, the first at ``failing_since`` (monotonic): stop trying?"""
+        return attempts > self.max_retries and time.monotonic() - failing_since >= self.outage_wait_s
 
 
 class InferenceClient:
@@ -151,6 +160,7 @@ class InferenceClient:
         self._rng = random.Random(seed)
         self._servers: dict[str, _Server] = {}
         self._lock = threading.Lock()
+        self.closed = threading.Event()  # set by close(): sessions stop waiting for a server
 
     @classmethod
     def from_config(cls, cfg: InferenceConfig, *, run_dir: str | Path | None = None, urls: Sequence[str] = (),
@@ -167,8 +177,10 @@ class InferenceClient:
         return cls(source, request_timeout_s=cfg.request_timeout_s, retry=retry,
                    max_concurrent_per_server=cfg.max_concurrent_per_server, **kwargs)
 
-    def session(self, key: str) -> EpisodeSession:
-        return EpisodeSession(self, key)
+    def session(self, key: str, patient: Callable[[], bool] = lambda: True) -> EpisodeSession:
+        """A sticky session for one episode; ``patient()`` False ends an outage wait (the episode is stopping,
+        the node draining: the servers going away is then no reason to hold on)."""
+        return EpisodeSession(self, key, patient)
 
     def _server(self, url: str) -> _Server:
         with self._lock:
@@ -240,6 +252,7 @@ class InferenceClient:
         return completion
 
     def close(self) -> None:
+        self.closed.set()
         with self._lock:
             servers = list(self._servers.values())
         for srv in servers:
@@ -252,13 +265,17 @@ class EpisodeSession:
 
     client: InferenceClient
     key: str
+    patient: Callable[[], bool] = lambda: True
     server: str | None = None
     failovers: int = 0
     errors: list[str] = field(default_factory=list)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         retry = self.client.retry
-        for attempt in range(retry.max_retries + 1):
+        failing_since = time.monotonic()
+        attempt = 0
+        while True:
+            failed_over = False
             if self.server is None:
                 self.server = self.client.pick(self.key)
             if self.server is not None:
@@ -270,15 +287,27 @@ class EpisodeSession:
                     raise InferenceError(f"inference server {self.server} rejected the request: {exc}") from exc
                 except TransientHTTPError as exc:
                     self.errors.append(str(exc))
-                    if self._fail_over():
-                        continue
+                    failed_over = self._fail_over()  # another server is ready: try it at once
             else:
                 self.errors.append("no live inference server")
-            if attempt < retry.max_retries:
-                time.sleep(retry.backoff(attempt, self.client._rng))
-        raise InferenceError(f"no inference server answered after {retry.max_retries + 1} attempts "
-                             f"(last error: {self.errors[-1] if self.errors else 'none'}); "
+            attempt += 1
+            if retry.gives_up(attempt, failing_since) or (attempt > retry.max_retries and not self.patient()):
+                break
+            if not failed_over and self._sleep(retry.backoff(attempt - 1, self.client._rng)):
+                break
+        waited = time.monotonic() - failing_since
+        raise InferenceError(f"no inference server answered after {attempt} attempts in {waited:.0f} s "
+                             f"(inference.outage_wait_s={retry.outage_wait_s:g}; last error: "
+                             f"{self.errors[-1] if self.errors else 'none'}); "
                              "check the inference servers and RUN/endpoints")
+
+    def _sleep(self, seconds: float) -> bool:
+        """Back off for ``seconds`` in short slices; True when the client closed or patience ran out."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.client.closed.wait(min(left, 0.25)) or not self.patient():
+                return True
+        return False
 
     def _fail_over(self) -> bool:
         """Cool the failed server down and move to another; True when there is a different one."""

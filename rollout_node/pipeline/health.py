@@ -1,5 +1,7 @@
 """A failing rollout node stops itself: K infrastructure faults in a row (``rollout.max_consecutive_infra_faults``)
 mean the node, not the tasks, is broken (a full disk, a lost image cache, an unreachable inference network).
+An inference outage counts only once ``inference.outage_wait_s`` has passed without any server answering (the
+client waits a restart out first: rollout_node/agent/client.py).
 
 Guarantee: every infrastructure fault of an episode (each attempt, retried or final) counts; any
 outcome that is not infrastructure (a trainable sample, a stale or cancelled one) resets the count.

@@ -101,7 +101,8 @@ class RolloutNode:
         gate = ClaimGate(config, self.spool.pending_work, policy, clock, self.metrics)
         self.claims = Claims(config, self.worker_id, self.spool, ops, gate, self.control, self.inflight, self.drain,
                              self.outcomes, self.queues, self.stopping, options.max_episodes)
-        stages = Stages(config, ops, policy, self.scratch, lambda: self.control.latest_version)
+        stages = Stages(config, ops, policy, self.scratch, lambda: self.control.latest_version,
+                        lambda: self.drain.reason is not None)
         self.workers = StageWorkers(stages, self.staleness, self.metrics, self.inflight, self.outcomes, self.queues,
                                     self.stopping)
         self._threads: list[threading.Thread] = []

@@ -96,6 +96,11 @@ class EpisodeContext:
     stop_event: threading.Event = field(default_factory=threading.Event)
     stop_reason: str | None = None
     llm_wait_s: float = 0.0       # time spent waiting for the inference server: not charged to RUN
+    draining: Callable[[], bool] = lambda: False  # the node drains: an inference outage is not waited out
+
+    def patient(self) -> bool:
+        """May the episode wait for an inference server to come back (inference.outage_wait_s)?"""
+        return not (self.stop_event.is_set() or self.draining())
 
     def effective_deadline(self) -> float:
         """RUN's deadline, moved by the time spent waiting for the inference server."""

@@ -53,13 +53,14 @@ class Stages:
     """Stage bodies bound to one node's config, task ops, policy and scratch directory."""
 
     def __init__(self, config: RunConfig, ops: TaskOps, policy: Policy, scratch: Path,
-                 policy_version: Callable[[], int]) -> None:
+                 policy_version: Callable[[], int], draining: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.rollout = config.rollout
         self.ops = ops
         self.policy = policy
         self.scratch = scratch
         self.policy_version = policy_version
+        self.draining = draining
 
     def init(self, ep: Episode) -> StageResult:
         """Stage the image on the node, prepare the repository at base commit in a fresh work dir."""
@@ -100,7 +101,7 @@ class Stages:
             workdir=ep.workdir or Path("."), seed=ep.seed, sample_index=ep.sample_index, attempt=ep.attempt,
             deadline=ep.stage_t0 + self.rollout.run_timeout_s,
             command_timeout_s=self.config.sandbox.command_timeout_s, policy_version=self.policy_version,
-            transcript=ep.transcript,
+            transcript=ep.transcript, draining=self.draining,
         )
 
     def _run_result(self, ep: Episode, error: BaseException | None) -> StageResult:

@@ -37,7 +37,8 @@ class Probe:
 
 def probe_backend(url: str, *, token: str | None, timeout_s: float) -> Probe:
     """One token-ID completion against ``url`` (``http://host:port``, no ``/v1``); blocking."""
-    client = InferenceClient([url], request_timeout_s=timeout_s, retry=RetryPolicy(max_retries=0), token=token)
+    client = InferenceClient([url], request_timeout_s=timeout_s, retry=RetryPolicy(max_retries=0, outage_wait_s=0.0),
+                             token=token)
     try:
         client.complete(url, PROBE_PROMPT, SamplingParams(max_tokens=1))
     except FatalHTTPError as exc:

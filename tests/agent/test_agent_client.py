@@ -32,7 +32,7 @@ from rollout_node.agent import (
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.endpoints import EndpointDirectory
 
-FAST = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05, cooldown_s=30.0)
+FAST = RetryPolicy(max_retries=3, outage_wait_s=0.0, backoff_base_s=0.01, backoff_max_s=0.05, cooldown_s=30.0)
 SAMPLING = SamplingParams(max_tokens=6, seed=5, stop_token_ids=(2,))
 HERE = Path(__file__).parent
 
@@ -114,6 +114,47 @@ def test_no_server_raises_inference_error_after_bounded_attempts(tmp_path: Path)
     with pytest.raises(InferenceError, match="after 4 attempts"):
         session.generate([1], SAMPLING)
     assert len(session.errors) == 4 and time.monotonic() - t0 < 10
+
+
+def test_an_outage_is_waited_out_then_given_up(tmp_path: Path) -> None:
+    """The only server restarts (down 1.5 s, back on the same socket): with ``outage_wait_s`` the request is
+    answered after the attempts are spent; without it the episode would have ended as inference_error."""
+    patient = RetryPolicy(max_retries=1, outage_wait_s=30.0, backoff_base_s=0.05, backoff_max_s=0.2, cooldown_s=0.1)
+    first, url = _spawn_fake(tmp_path, "s", delay_s=0.0)
+    client = InferenceClient([url], retry=patient)
+    session = client.session("ep")
+    assert session.generate([1], SAMPLING).server == url
+    first.kill()
+    first.wait()
+    (tmp_path / "s.ready").unlink()
+    (tmp_path / "s.sock").unlink()  # a restarted server binds the same path anew
+    restarted: list[subprocess.Popen[bytes]] = []
+    timer = threading.Timer(1.5, lambda: restarted.append(_spawn_fake(tmp_path, "s", delay_s=0.0)[0]))
+    timer.start()
+    try:
+        c = session.generate([1, 2], SAMPLING)
+        assert c.server == url and len(session.errors) >= 2  # both attempts failed, then the wait paid off
+    finally:
+        timer.join()
+        for p in restarted:
+            p.kill()
+            p.wait()
+    given_up = InferenceClient([url], retry=RetryPolicy(max_retries=1, outage_wait_s=0.6, backoff_base_s=0.05,
+                                                        backoff_max_s=0.1)).session("ep")
+    t0 = time.monotonic()
+    with pytest.raises(InferenceError, match=r"outage_wait_s=0.6"):
+        given_up.generate([1], SAMPLING)
+    assert 0.6 <= time.monotonic() - t0 < 10 and len(given_up.errors) > 2  # kept trying until the bound
+
+
+def test_close_ends_an_outage_wait(tmp_path: Path) -> None:
+    client = InferenceClient([f"unix://{tmp_path}/nobody.sock"], retry=RetryPolicy(outage_wait_s=300.0,
+                                                                                   backoff_max_s=1.0))
+    threading.Timer(0.5, client.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(InferenceError, match="no inference server answered"):
+        client.session("ep").generate([1], SAMPLING)
+    assert time.monotonic() - t0 < 10
 
 
 def test_concurrency_limit_per_server(engines: list[FakeEngine]) -> None:

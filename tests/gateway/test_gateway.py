@@ -240,7 +240,8 @@ def test_context_budget_is_the_agents_outcome(gateway: Gateway, client: Inferenc
 
 
 def test_backend_failure_is_502_and_recorded_as_infrastructure(gateway: Gateway, template: ChatTemplate) -> None:
-    dead = InferenceClient(["http://127.0.0.1:9"], retry=RetryPolicy(max_retries=0), request_timeout_s=5.0)
+    dead = InferenceClient(["http://127.0.0.1:9"], retry=RetryPolicy(max_retries=0, outage_wait_s=0.0),
+                           request_timeout_s=5.0)
     session = gateway.open_session("dead", dead.session("dead"), template, SAMPLING)
     with pytest.raises(openai.APIStatusError) as err:
         sdk(session).chat.completions.create(model="m", messages=_conversation("x"))

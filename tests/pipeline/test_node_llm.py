@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,8 @@ def test_server_context_length_ends_episodes_as_truncated_not_inference_errors(t
 
 
 def test_dead_inference_server_is_an_excluded_inference_error(tmp_path: Path, tiny_model: Path) -> None:
-    paths, cfg = make_run(tmp_path, tiny_model)
+    """A server that stays dead past inference.outage_wait_s (1 s here; the default waits out a restart)."""
+    paths, cfg = make_run(tmp_path, tiny_model, "inference.outage_wait_s=1")
     # announced (fresh heartbeat) but nothing listens: every request fails
     (paths.endpoints / "infer-dead.json").write_text(json.dumps(
         {"url": f"unix://{tmp_path / 'nobody.sock'}", "version": VERSION, "heartbeat": 1, "role": "infer"}))
@@ -145,6 +147,31 @@ def test_dead_inference_server_is_an_excluded_inference_error(tmp_path: Path, ti
     assert len(trajs) == 4
     assert {(t.status, t.reward, t.metrics["sample_attempt"]) for t in trajs} == {(Status.INFERENCE_ERROR, None, 1)}
     assert Spool(paths.root, cfg.spool).stats()["tasks_claimed"] == 0
+
+
+def test_a_server_restart_is_waited_out_not_a_fault_streak(tmp_path: Path, tiny_model: Path) -> None:
+    """The node's only server is announced but down when the episodes start (a restart: killed, coming back
+    on the same socket). With one infrastructure fault enough to stop the node, the episodes wait for it
+    (inference.outage_wait_s) and end as the agent's outcomes; before the wait, the first request's failure
+    was an inference_error and the node stopped itself."""
+    paths, cfg = make_run(tmp_path, tiny_model, "rollout.max_consecutive_infra_faults=1",
+                          "inference.outage_wait_s=120")
+    sock = tmp_path / "restarting.sock"
+    announce(paths, f"unix://{sock}")
+    started: list[subprocess.Popen[bytes]] = []
+    timer = threading.Timer(2.0, lambda: started.append(serve(tiny_model, tmp_path, "--uds", str(sock))[0]))
+    timer.start()
+    try:
+        summary = run_node(paths, cfg, tmp_path)
+    finally:
+        timer.join()
+        for proc in started:
+            proc.kill()
+            proc.wait()
+    assert started, "the server came back"
+    trajs = [t for ts in written(paths, cfg).values() for t in ts]
+    assert len(trajs) == 4 and all(t.trainable for t in trajs), [(t.status, t.metrics.get("error")) for t in trajs]
+    assert summary.get("failures", {}).get("inference_error", 0) == 0, summary
 
 
 def test_no_announced_server_means_no_claims(tmp_path: Path, tiny_model: Path) -> None:

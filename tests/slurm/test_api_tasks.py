@@ -22,6 +22,10 @@ from slurm_helpers import SHARED, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.sandbox, pytest.mark.timeout(300)]
 
 TIMINGS = ("gold_s", "empty_s")
+# Array task 0 holds in its setup line until the test cancels it: a chunk of 2 instances checks in ~2 s, so
+# without the hold it could finish between squeue showing it RUNNING and scancel (seen once in CI). The retry
+# is a plain job (no SLURM_ARRAY_TASK_ID) and the other chunks have other ids, so only the first attempt waits.
+HOLD_FIRST_CHUNK = 'if [ "${SLURM_ARRAY_TASK_ID:-}" = 0 ]; then sleep 120; fi'
 
 
 def _rows(stdout: str) -> list[dict[str, object]]:
@@ -49,7 +53,8 @@ def test_slurm_array_matches_local_and_retries_a_killed_chunk(slurm: None, tmp_p
     folder = SHARED / "spoolrl-tests" / name
     picks = [a for i in _instances() for a in ("--instance", i)]
     spoolrl = [sys.executable, "-m", "hpc.cli", "tasks", "check", "builtin", f"slurm.job_name={name}",
-               "slurm.rollout.mem_gb=0.5"]  # the retry need not wait for a node's memory
+               "slurm.rollout.mem_gb=0.5",  # the retry need not wait for a node's memory
+               f"slurm.rollout.setup=['{HOLD_FIRST_CHUNK}']"]
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).resolve().parents[2]))}
     fanned = subprocess.Popen([*spoolrl, *picks, "--slurm", "--chunks", "3", "--array-parallelism", "3",
                                "--slurm-dir", str(folder), "--jobs", "1"],
