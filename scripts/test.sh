@@ -36,5 +36,5 @@ step "ruff"
 step "mypy"
 "$venv/bin/mypy" hpc rollout_node train_node
 step "pytest"
-"$venv/bin/python" -m pytest -rs -q "$@"
+"$venv/bin/python" -m pytest -rs -q --durations=30 "$@"
 step "done"
