@@ -1,35 +1,24 @@
-"""Test stand-in servers on loopback: an aiohttp app on a thread of its own, and the token-ID completion
-answer (vLLM's ``/v1/completions`` with ``return_token_ids``) the rollout nodes read. Test code only: the
-ProRL conformance test uses it without importing the project."""
+"""Test stand-in servers on loopback: aiohttp routes served on a thread of their own
+(:class:`hpc.httpserver.HttpServer`, the project's one server base), and the token-ID completion answer
+(vLLM's ``/v1/completions`` with ``return_token_ids``) the rollout nodes read. The wire bodies are written
+here from the documented fields, not with the project's wire code (the ProRL conformance test relies on
+that); only the server plumbing is the project's."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from hpc.httpserver import HttpServer
+
 
 def serve_in_thread(routes: Sequence[web.AbstractRouteDef], *, client_max_size: int = 64 * 2**20) -> str:
     """Serve ``routes`` on 127.0.0.1 (a free port) from a daemon thread; the base URL once it listens."""
-    ready: list[str] = []
-
-    async def main() -> None:
-        app = web.Application(client_max_size=client_max_size)
-        app.add_routes(routes)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        ready.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        await asyncio.Event().wait()
-
-    threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
-    while not ready:
-        time.sleep(0.01)
-    return ready[0]
+    app = web.Application(client_max_size=client_max_size)
+    app.add_routes(routes)
+    return HttpServer(app).start().url
 
 
 def completion_answer(prompt: list[int], ids: list[int], logprobs: list[float]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 written only from the documented wire fields: plain HTTP (aiohttp client, http.client), no project
 imports in the driving code. The server under test is the ``spoolrl rollout-server`` command (a real
 bwrap sandbox per episode, the built-in SWE-bench-format instance, the real EVAL); the LLM is a
-recording stand-in defined here (project-independent: ``tokenizers`` + aiohttp), which scripts a bash
-call then ``submit`` and records every prompt it received and every token it produced.
+recording stand-in defined here (its wire bodies written from the documented fields, not with the
+project's wire code; served by ``tests/loopback_http.py``), which scripts a bash call then ``submit`` and
+records every prompt it received and every token it produced.
 
 Driven as that integration does: no Authorization header from a trusted address, ``/start`` accepting
 400, ``/add_llm_server`` with the URL ``get_model_endpoint`` gives (NeMo Gym's own model server, a
