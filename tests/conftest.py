@@ -70,11 +70,13 @@ RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PO
 
 @pytest.fixture(autouse=True)
 def _rendezvous_stays_in_its_test() -> Iterator[None]:
-    """A trainer run in this process exports its rendezvous into ``os.environ``
-    (:meth:`train_node.trainer.dist_env.DistEnv.export`, which ``deepspeed.init_distributed`` reads) and its
-    process group keeps that port bound. A role a later test spawns would inherit the variables as a
-    launcher's and rendezvous on that port (EADDRINUSE: the harness demo's trainer after the gateway's
-    on-policy test). Each test gets the variables back as they were."""
+    """Each test gets the rendezvous variables back as they were: defence in depth, no longer the fix.
+    The fix is in :func:`train_node.trainer.engine.init_distributed`, which sets them only while the
+    process group starts (:meth:`train_node.trainer.dist_env.DistEnv.exported`; checked by
+    ``tests/trainer/test_dist_env.py``). Before it, a trainer run in this process left them in
+    ``os.environ``, and a role a later test spawned took them for a launcher's and rendezvoused on the port
+    the in-process group still held (EADDRINUSE: the harness demo's trainer after the gateway's on-policy
+    test). ``LOCAL_RANK``, which DeepSpeed keeps for good, is restored here too."""
     before = {k: os.environ.get(k) for k in RENDEZVOUS_VARS}
     yield
     for key, value in before.items():

@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +68,20 @@ def ensure_ci_user() -> pwd.struct_passwd:
 @dataclass(frozen=True)
 class CiUser:
     """Children run as the CI user (uid, gid and groups of that user only) with a clean environment:
-    ``home`` as HOME, this checkout on PYTHONPATH, nothing else of the suite's environment."""
+    ``home`` as HOME, this checkout on PYTHONPATH, nothing else of the suite's environment but ``extra_env``."""
 
     home: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def in_own_home(cls, extra_env: Mapping[str, str] | None = None) -> CiUser:
+        """The CI user with the HOME ``useradd -m`` gave it (created if missing; needs root)."""
+        return cls(Path(ensure_ci_user().pw_dir), dict(extra_env or {}))
 
     def popen_kwargs(self) -> dict[str, Any]:
         entry = ensure_ci_user()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "TMPDIR": "/tmp",
-               "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+               "LANG": "C.UTF-8", **self.extra_env, "PYTHONPATH": str(REPO)}
         groups = os.getgrouplist(CI_USER, entry.pw_gid)
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups, "env": env,
                 "cwd": str(self.home)}

@@ -2,8 +2,9 @@
 
 Guarantees:
 - :meth:`Gateway.start` binds the socket (mode 0600; a stale socket file at the path is replaced) and
-  serves from an asyncio loop in a thread of its own, so the synchronous rollout node just calls
-  :meth:`Gateway.open_session` and :meth:`GatewaySession.close` from its episode threads.
+  serves from an asyncio loop in a thread of its own (:class:`hpc.httpserver.HttpServer`), so the
+  synchronous rollout node just calls :meth:`Gateway.open_session` and :meth:`GatewaySession.close`
+  from its episode threads.
 - Routes: ``POST /v1/chat/completions`` (JSON, or ``stream: true`` server-sent events:
   ``chat.completion.chunk`` objects then ``data: [DONE]``; the stream is written once the backend
   answered, the backend call itself is not streamed) and ``GET /v1/models`` (the one model name).
@@ -11,8 +12,8 @@ Guarantees:
   the key of a closed session, gets 401 (OpenAI's error body). Keys are 256-bit random secrets.
 - A call blocks a worker thread (``max_workers`` of them), never the event loop; bodies are limited
   to ``max_request_mb`` (413 above).
-- :meth:`Gateway.close` refuses new connections, stops the loop, joins the thread and removes the
-  socket file; open sessions are closed with it.
+- :meth:`Gateway.close` closes the open sessions, refuses new connections, gives calls in flight
+  ``CLOSE_WAIT_S`` to end, stops the loop, joins the thread and removes the socket file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from hpc.httpserver import HttpServer
 from rollout_node.agent.policy import Policy
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway.session import BackendFailed, GatewaySampling, GatewaySession, SessionClosed
@@ -36,6 +38,7 @@ from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, error_
 
 log = logging.getLogger("spoolrl.gateway")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, NUL included
+CLOSE_WAIT_S = 30.0  # close() waits this long for calls in flight (their sessions are closed: they get 401)
 UNAUTHORIZED = "invalid or expired session key: each episode's harness must use its own OPENAI_API_KEY"
 
 
@@ -56,35 +59,39 @@ class Gateway:
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gateway-call")
         self._sessions: dict[str, GatewaySession] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._failure: BaseException | None = None
+        self._http: HttpServer | None = None
+        self._served = False  # start() ran once: a Gateway serves once
 
     # -- lifecycle (called from the rollout node's threads) ------------------------------------------------
 
     def start(self) -> Gateway:
         """Bind the socket and serve; returns once requests are accepted (raises if binding failed).
         Idempotent while serving (``with Gateway(...).start() as gw`` starts it once)."""
-        if self._loop is not None:
+        if self._http is not None:
             return self
-        if self._thread is not None:
+        if self._served:
             raise RuntimeError("a Gateway serves once: make a new one after close()")
+        self._served = True
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._serve, name="spoolrl-gateway", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(self.start_timeout_s):
-            raise RuntimeError(f"gateway on {self.socket_path} did not start within {self.start_timeout_s} s")
-        if self._failure is not None:
-            raise RuntimeError(f"gateway on {self.socket_path} failed to start: {self._failure}") from self._failure
+        try:
+            self._http = HttpServer(self._app(), uds=str(self.socket_path), shutdown_timeout_s=CLOSE_WAIT_S,
+                                    name="spoolrl-gateway").start(timeout_s=self.start_timeout_s)
+        except TimeoutError as exc:  # an OSError: caught first
+            raise RuntimeError(f"gateway on {self.socket_path} did not start within {self.start_timeout_s} s") from exc
+        except OSError as exc:
+            raise RuntimeError(f"gateway on {self.socket_path} failed to start: {exc}") from exc
         return self
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=int(self.max_request_mb * 2**20))
+        app.add_routes([web.post("/v1/chat/completions", self._chat), web.get("/v1/models", self._models)])
+        return app
 
     def open_session(self, episode_key: str, client_session: Policy, template: ChatTemplate,
                      sampling: GatewaySampling) -> GatewaySession:
         """A new session for one episode: ``client_session`` is its backend (e.g. the inference client's
         :class:`~rollout_node.agent.client.EpisodeSession`), ``template`` the model's chat pieces."""
-        if self._loop is None:
+        if self._http is None:
             raise RuntimeError("Gateway.open_session before start()")
         key = "sk-spoolrl-" + secrets.token_urlsafe(32)
         session = GatewaySession(key=key, episode_key=episode_key, socket_path=self.socket_path, model=self.model,
@@ -108,13 +115,10 @@ class Gateway:
             open_sessions = list(self._sessions.values())
         for session in open_sessions:
             session.close()
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(stop.set)
-        if self._thread is not None:
-            self._thread.join(timeout=30.0)
+        if self._http is not None:
+            self._http.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._loop = None
+        self._http = None
 
     def __enter__(self) -> Gateway:
         return self.start()
@@ -122,40 +126,7 @@ class Gateway:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    # -- the server thread ---------------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._main(loop))
-        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
-            if not self._ready.is_set():
-                self._failure = exc
-            else:
-                log.exception("gateway on %s stopped", self.socket_path)
-        finally:
-            self._ready.set()
-            loop.close()
-
-    async def _main(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._stop = asyncio.Event()
-        app = web.Application(client_max_size=int(self.max_request_mb * 2**20))
-        app.add_routes([web.post("/v1/chat/completions", self._chat), web.get("/v1/models", self._models)])
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            if self.socket_path.is_socket():
-                self.socket_path.unlink()
-            site = web.UnixSite(runner, str(self.socket_path))
-            await site.start()
-            os.chmod(self.socket_path, 0o600)
-            self._loop = loop
-            self._ready.set()
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-            self.socket_path.unlink(missing_ok=True)
+    # -- the routes (on the server's loop) -----------------------------------------------------------------
 
     def _session_of(self, request: web.Request) -> GatewaySession | None:
         header = request.headers.get("Authorization", "")

@@ -15,9 +15,12 @@ import argparse
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 
 from aiohttp import web
+
+from hpc.httpserver import HttpServer
 
 SUBMIT = '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call><|im_end|>'
 VERSION = 1
@@ -61,19 +64,15 @@ def encode_reply(tokenizer_dir: str, text: str) -> list[int]:
     return list(Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).encode(text, add_special_tokens=False).ids)
 
 
-async def _main(args: argparse.Namespace) -> None:
+def _serve(args: argparse.Namespace) -> None:
     standin = StandIn(encode_reply(args.tokenizer, args.reply), args.latency_s,
                       Path(args.record) if args.record else None, args.max_model_len)
-    runner = web.AppRunner(standin.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    server = HttpServer(standin.app(), host="127.0.0.1", port=args.port, backlog=4096).start()
     if args.ready_file:
         tmp = f"{args.ready_file}.tmp"
-        Path(tmp).write_text(json.dumps({"url": url}))
+        Path(tmp).write_text(json.dumps({"url": server.url}))
         os.replace(tmp, args.ready_file)
-    await asyncio.Event().wait()
+    threading.Event().wait()  # serves until the process is signalled
 
 
 def main() -> None:
@@ -85,7 +84,7 @@ def main() -> None:
     p.add_argument("--ready-file", default="")
     p.add_argument("--record", default="")
     p.add_argument("--max-model-len", type=int, default=32768)
-    asyncio.run(_main(p.parse_args()))
+    _serve(p.parse_args())
 
 
 if __name__ == "__main__":

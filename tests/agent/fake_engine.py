@@ -1,27 +1,27 @@
-"""A scriptable stand-in for the inference API (stdlib only), for the client's failure-path tests.
+"""A scriptable stand-in for the inference API, for the client's failure-path tests.
 
 It speaks the same ``/v1/completions`` subset as ``spoolrl serve`` but "generates" deterministic IDs
 from the prompt, so tests can make it fail (status codes, malformed bodies, delays, death) on cue.
-Run in-process (:class:`FakeEngine`) or as a process: ``python fake_engine.py --port 0 --ready-file F``
-(``--uds PATH`` for a Unix socket) so that a test can SIGKILL it in the middle of a request.
+Served by :class:`hpc.httpserver.HttpServer` (aiohttp, the project's one server stack). Run in-process
+(:class:`FakeEngine`) or as a process: ``python fake_engine.py --port 0 --ready-file F`` (``--uds PATH``
+for a Unix socket; the checkout on PYTHONPATH) so that a test can SIGKILL it in the middle of a request.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import socketserver
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+from hpc.httpserver import HttpServer
 
 
 class FakeEngine:
@@ -36,8 +36,7 @@ class FakeEngine:
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
-        self.server: Any = None
-        self.stopped = False  # a stopped engine drops even kept-alive connections without answering
+        self.server: HttpServer | None = None
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt, n = body["prompt"], int(body.get("max_tokens", 16))
@@ -53,67 +52,36 @@ class FakeEngine:
             choice["weight_versions"] = spans
         return {"id": "cmpl-fake", "object": "text_completion", "model": "fake", "choices": [choice]}
 
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        engine = self
+    async def _get(self, request: web.Request) -> web.Response:
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "fake", "max_model_len": 4096}]})
+        return web.json_response({"status": "ok"})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, obj: Any) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802
-                if engine.stopped:
-                    self.close_connection = True
-                    return
-                if self.path == "/v1/models":
-                    self._send(200, {"data": [{"id": "fake", "max_model_len": 4096}]})
-                else:
-                    self._send(200, {"status": "ok"})
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if engine.stopped:
-                    self.close_connection = True
-                    return
-                with engine.lock:
-                    engine.requests.append(body)
-                    status = engine.script.pop(0) if engine.script else 200
-                    engine.in_flight += 1
-                    engine.max_in_flight = max(engine.max_in_flight, engine.in_flight)
-                try:
-                    time.sleep(engine.delay_s)
-                    self._send(status, engine.generate(body) if status == 200 else {"error": {"code": status}})
-                finally:
-                    with engine.lock:
-                        engine.in_flight -= 1
-
-        return Handler
+    async def _post(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        with self.lock:
+            self.requests.append(body)
+            status = self.script.pop(0) if self.script else 200
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            return web.json_response(self.generate(body) if status == 200 else {"error": {"code": status}},
+                                     status=status)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def start(self, *, uds: str | None = None) -> str:
-        if uds:
-            self.server = _UnixServer(uds, self.handler())
-            url = f"unix://{uds}"
-        else:
-            self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
-            self.server.daemon_threads = True
-            url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return url
+        app = web.Application()
+        app.add_routes([web.get("/{tail:.*}", self._get), web.post("/{tail:.*}", self._post)])
+        self.server = HttpServer(app, uds=uds).start()
+        return self.server.url
 
     def stop(self) -> None:
-        self.stopped = True
+        """Stop serving: kept-alive connections are dropped too (a dead server, as the client sees it)."""
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
 
 
 def main() -> int:

@@ -193,7 +193,8 @@ def test_endpoint_liveness_follows_heartbeat_changes(tmp_path: Path) -> None:
 def _spawn_fake(tmp_path: Path, name: str, delay_s: float) -> tuple[subprocess.Popen[bytes], str]:
     ready = tmp_path / f"{name}.ready"
     proc = subprocess.Popen([sys.executable, str(HERE / "fake_engine.py"), "--ready-file", str(ready),
-                             "--delay-s", str(delay_s), "--uds", str(tmp_path / f"{name}.sock")])
+                             "--delay-s", str(delay_s), "--uds", str(tmp_path / f"{name}.sock")],
+                            env={**os.environ, "PYTHONPATH": str(HERE.parents[1])})  # this checkout's hpc
     for _ in range(200):
         if ready.exists():
             return proc, json.loads(ready.read_text())["url"]

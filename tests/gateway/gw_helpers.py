@@ -7,17 +7,15 @@ reply recorded. The gateway reaches it through the real :class:`InferenceClient`
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import openai
-from aiohttp import web
 
+from hpc.httpserver import HttpServer
 from rollout_node.gateway import GatewaySession
 from rollout_node.service.standin import VERSION, StandIn
 
@@ -35,14 +33,8 @@ class RecordingBackend:
     def __init__(self, record: Path, reply: Sequence[int], latency_s: float = 0.0) -> None:
         self.record = record
         self.standin = StandIn(list(reply), latency_s, record, max_model_len=1 << 16)
-        self._loop = asyncio.new_event_loop()
-        self._runner = web.AppRunner(self.standin.app(), access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
-        self._loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self._server = HttpServer(self.standin.app(), backlog=1024).start()
+        self.url = self._server.url
 
     def reply(self, ids: Sequence[int]) -> None:
         """What every completion returns from now on (its first ``max_tokens`` IDs)."""
@@ -52,9 +44,7 @@ class RecordingBackend:
         return [json.loads(line) for line in self.record.read_text().splitlines()] if self.record.exists() else []
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
+        self._server.close()
 
 
 def sdk(session: GatewaySession, key: str | None = None) -> openai.OpenAI:

@@ -18,12 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from tokenizers import Tokenizer
 
 from rollout_node.pipeline.agentscript import bash
 from tests.harness.test_harness_node import RIGHT_FIX, TASK
-from tests.loopback_http import completion_answer, serve_in_thread
+from tests.loopback_http import RecordingLLM
 
 pytestmark = pytest.mark.sandbox
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,28 +30,12 @@ REPLIES = [bash("echo first"), bash("@truncate"), RIGHT_FIX, bash("@done")]
 SAMPLING = {"temperature": 0.8, "top_p": 1.0, "max_output_tokens": 200}
 
 
-class ScriptedLLM:
-    """Call ``i`` gets ``REPLIES[i]`` + ``<|im_end|>``; logprob -0.3 - 0.001 * j for token j; records all."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        end = tokenizer.token_to_id("<|im_end|>")
-        self.replies = [[*tokenizer.encode(r, add_special_tokens=False).ids, end] for r in REPLIES]
-        self.seen: list[dict[str, Any]] = []
-
-    async def complete(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        prompt = [int(i) for i in body["prompt"]]
-        ids = self.replies[min(len(self.seen), len(self.replies) - 1)][: int(body["max_tokens"])]
-        logprobs = [-0.3 - 0.001 * j for j in range(len(ids))]
-        self.seen.append({"prompt": prompt, "token_ids": ids, "logprobs": logprobs, "temperature": body.get("temperature"),
-                          "top_p": body.get("top_p"), "max_tokens": body["max_tokens"]})
-        return web.json_response(completion_answer(prompt, ids, logprobs))
-
-    async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "scripted", "max_model_len": 8192}]})
-
-    def serve(self) -> str:
-        return serve_in_thread([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
+def scripted_llm(tokenizer: Tokenizer) -> RecordingLLM:
+    """Call ``i`` gets ``REPLIES[i]`` + ``<|im_end|>`` (the last one from then on); logprob -0.3 - 0.001 * j
+    for token j."""
+    end = tokenizer.token_to_id("<|im_end|>")
+    replies = [[*tokenizer.encode(r, add_special_tokens=False).ids, end] for r in REPLIES]
+    return RecordingLLM(lambda _prompt, call: replies[min(call, len(replies) - 1)], logprob0=-0.3, max_model_len=8192)
 
 
 def instance() -> dict[str, Any]:
@@ -71,7 +54,7 @@ async def process(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def test_process_runs_the_harness_and_answers_with_every_segment(tmp_path: Path, standin_prefix: Path) -> None:
     model = tmp_path / "model"
     subprocess.run([sys.executable, "-m", "hpc.cli", "tiny-model", str(model)], check=True, capture_output=True)
-    llm = ScriptedLLM(Tokenizer.from_file(str(model / "tokenizer.json")))
+    llm = scripted_llm(Tokenizer.from_file(str(model / "tokenizer.json")))
     backend = llm.serve()
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(

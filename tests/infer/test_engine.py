@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from infer_helpers import forward_logprobs, http
 
+from hpc.httpserver import HttpServer
 from train_node.infer.engine import Engine, Sequence, load_model
-from train_node.infer.httpbase import HttpServer
+from train_node.infer.httpbase import route_app
 from train_node.infer.protocol import SamplingParams
 from train_node.infer.server import App, ServeOptions, make_handler
 
@@ -96,7 +97,7 @@ def test_swap_between_decode_steps_is_exact(models: dict[str, Path]) -> None:
 
 def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str, Path], tmp_path: Path) -> None:
     app = App(ServeOptions(secret="s3cret"))
-    srv = HttpServer(make_handler(app), port=0).start()
+    srv = HttpServer(route_app(make_handler(app)), port=0).start()
     url = srv.url
     try:
         assert http(url, "/health") == (503, {"status": "loading"})
@@ -118,7 +119,7 @@ def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str
 
 def test_reload_refused_without_configured_secret(models: dict[str, Path]) -> None:
     app = App(ServeOptions(secret=None))
-    srv = HttpServer(make_handler(app), port=0).start()
+    srv = HttpServer(route_app(make_handler(app)), port=0).start()
     try:
         app.load(models["a"], 0)
         url = srv.url
@@ -184,7 +185,7 @@ def test_client_that_hangs_up_frees_its_batch_slot(models: dict[str, Path]) -> N
     import time
 
     app = App(ServeOptions())
-    srv = HttpServer(make_handler(app), port=0).start()
+    srv = HttpServer(route_app(make_handler(app)), port=0).start()
     try:
         app.load(models["a"], 0)
         assert app.engine is not None

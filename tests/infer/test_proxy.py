@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from infer_helpers import http
 
-from train_node.infer.httpbase import Call, HttpServer, Reply, error_reply, json_reply
+from hpc.httpserver import HttpServer
+from train_node.infer.httpbase import Call, Reply, error_reply, json_reply, route_app
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 
 
@@ -24,7 +25,7 @@ class FakeVllm:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.fail_rpc: set[str] = set()
-        self.server = HttpServer(self.route, port=0).start()
+        self.server = HttpServer(route_app(self.route), port=0).start()
         self.url = self.server.url
 
     def route(self, call: Call) -> Reply:
@@ -52,7 +53,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[FakeVllm, VllmProxy, str, dict[str, 
         dirs[name] = str(tmp_path / name)
     fake = FakeVllm()
     proxy = VllmProxy(Upstream(fake.url), secret="k", version=0, path=dirs["a"])
-    srv = HttpServer(make_proxy_handler(proxy), port=0).start()
+    srv = HttpServer(route_app(make_proxy_handler(proxy)), port=0).start()
     proxy.start()
     fake.calls.clear()
     yield fake, proxy, srv.url, dirs

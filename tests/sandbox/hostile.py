@@ -2,7 +2,7 @@
 
 Usage: python hostile.py RUNTIME [CHECK ...]  ->  one JSON line per check:
 ``{"check": name, "passed": bool, "detail": str}``. The tests run it as root and, through
-``runuser``, as an unprivileged user, so both paths execute the very same code. Each check opens
+``tests.unprivileged.CiUser``, as an unprivileged user, so both paths execute the very same code. Each check opens
 a fresh sandbox on a fresh work dir, attacks from inside, and verifies from the host side that
 the attack was contained, reported in the tool result, and left the host untouched.
 """

@@ -1,7 +1,7 @@
 """Hostile input, for every runtime here, as root and as an unprivileged user.
 
 Each (runtime, user) combination runs ``hostile.py`` once in a subprocess (the very same code
-for root and, via runuser, for the CI user); each check is reported as its own test. Checks that
+for root and, as :class:`tests.unprivileged.CiUser`, for the CI user); each check is reported as its own test. Checks that
 need isolation do not apply to the local runtime (it has none, by design).
 """
 

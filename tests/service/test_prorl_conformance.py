@@ -2,8 +2,9 @@
 written only from the documented wire fields: plain HTTP (aiohttp client, http.client), no project
 imports in the driving code. The server under test is the ``spoolrl rollout-server`` command (a real
 bwrap sandbox per episode, the built-in SWE-bench-format instance, the real EVAL); the LLM is a
-recording stand-in defined here (project-independent: ``tokenizers`` + aiohttp), which scripts a bash
-call then ``submit`` and records every prompt it received and every token it produced.
+recording stand-in (:class:`tests.loopback_http.RecordingLLM`: its wire bodies written from the documented
+fields, not with the project's wire code), which scripts a bash call then ``submit`` and records every
+prompt it received and every token it produced.
 
 Driven as that integration does: no Authorization header from a trusted address, ``/start`` accepting
 400, ``/add_llm_server`` with the URL ``get_model_endpoint`` gives (NeMo Gym's own model server, a
@@ -21,7 +22,6 @@ import http.client
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +32,7 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from tests.loopback_http import completion_answer, serve_in_thread
+from tests.loopback_http import RecordingLLM, serve_in_thread
 
 pytestmark = pytest.mark.sandbox
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,41 +46,17 @@ CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "spool.poll_i
           "rollout.max_retries=0", "rollout.max_turns=4"]
 
 
-class RecordingLLM:
-    """A ``/v1/completions`` server taking token-ID prompts: first turn a bash call, then ``submit``;
-    logprob -0.25 - 0.001 * i for the i-th generated token. ``hold`` parks every request unanswered."""
+def recording_llm(tokenizer: Tokenizer) -> RecordingLLM:
+    """The backend: first turn a bash call, then ``submit`` (once the bash call is in the prompt);
+    logprob -0.25 - 0.001 * i for the i-th generated token."""
+    bash = tokenizer.encode(BASH, add_special_tokens=False).ids
+    submit = tokenizer.encode(SUBMIT, add_special_tokens=False).ids
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.bash = tokenizer.encode(BASH, add_special_tokens=False).ids
-        self.submit = tokenizer.encode(SUBMIT, add_special_tokens=False).ids
-        self.seen: list[dict[str, Any]] = []   # {"prompt", "token_ids", "logprobs", "temperature", "top_p", "max_tokens"}
-        self.held = 0
-        self.hold = threading.Event()
+    def reply(prompt: list[int], _call: int) -> list[int]:
+        n = len(bash)
+        return submit if any(prompt[i:i + n] == bash for i in range(len(prompt) - n + 1)) else bash
 
-    def _reply(self, prompt: list[int]) -> list[int]:
-        n = len(self.bash)
-        done = any(prompt[i:i + n] == self.bash for i in range(len(prompt) - n + 1))
-        return self.submit if done else self.bash
-
-    async def complete(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if self.hold.is_set():
-            self.held += 1
-            while self.hold.is_set():
-                await asyncio.sleep(0.05)
-        prompt = [int(i) for i in body["prompt"]]
-        ids = self._reply(prompt)[: int(body["max_tokens"])]
-        logprobs = [-0.25 - 0.001 * i for i in range(len(ids))]
-        self.seen.append({"prompt": prompt, "token_ids": ids, "logprobs": logprobs, "temperature": body.get("temperature"),
-                          "top_p": body.get("top_p"), "max_tokens": body["max_tokens"]})
-        return web.json_response(completion_answer(prompt, ids, logprobs))
-
-    async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "recording", "max_model_len": 4096}]})
-
-    def serve(self) -> str:
-        """Start on a thread of its own; returns the base URL."""
-        return serve_in_thread([web.post("/v1/completions", self.complete), web.get("/v1/models", self.models)])
+    return RecordingLLM(reply, logprob0=-0.25, max_model_len=4096)
 
 
 def nemo_gym_model_server() -> str:
@@ -107,7 +83,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     tmp = tmp_path_factory.mktemp("prorl")
     model = tmp / "model"
     subprocess.run([sys.executable, "-m", "hpc.cli", "tiny-model", str(model)], check=True, capture_output=True)
-    llm = RecordingLLM(Tokenizer.from_file(str(model / "tokenizer.json")))
+    llm = recording_llm(Tokenizer.from_file(str(model / "tokenizer.json")))
     backend = llm.serve()
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "rollout-server", "--run", str(tmp / "run"),

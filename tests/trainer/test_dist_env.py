@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from train_node.trainer.dist_env import resolve
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from train_node.trainer.dist_env import RENDEZVOUS_VARS, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_launcher_variables_win() -> None:
@@ -50,18 +58,41 @@ try:
 except tdist.DistNetworkError as exc:
     print("given port refused:", "EADDRINUSE" in str(exc))
 init_distributed(env)
-print("picked another:", tdist.is_initialized() and int(os.environ["MASTER_PORT"]) != env.master_port)
+print("picked another:", tdist.is_initialized())  # the picked port is still taken: another one served
 """
 
 
-def test_a_picked_port_taken_before_the_rendezvous_is_replaced() -> None:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def _child(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh Python (the process group is global state) with no launcher variables."""
+    env = {k: v for k, v in os.environ.items() if k not in (*RENDEZVOUS_VARS, "LOCAL_RANK")}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**env, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
 
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", _TAKEN_PORT], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(root)}, stdin=subprocess.DEVNULL)
+
+def test_a_picked_port_taken_before_the_rendezvous_is_replaced() -> None:
+    done = _child(_TAKEN_PORT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-2:] == ["given port refused: True", "picked another: True"], done.stdout
+
+
+_ENV_AFTER_INIT = """
+import json, os
+import torch.distributed as tdist
+from train_node.trainer.dist_env import RENDEZVOUS_VARS, resolve
+from train_node.trainer.engine import init_distributed
+assert not any(k in os.environ for k in RENDEZVOUS_VARS)
+init_distributed(resolve({}))
+print(json.dumps({"initialized": tdist.is_initialized(), "local_rank": os.environ.get("LOCAL_RANK"),
+                  "rendezvous": {k: os.environ.get(k) for k in RENDEZVOUS_VARS}}))
+"""
+
+
+def test_the_rendezvous_variables_do_not_outlive_the_init() -> None:
+    """An in-process trainer's rendezvous stays out of ``os.environ`` once the group is up: a process it (or
+    a later test) starts must not take RANK/WORLD_SIZE/MASTER_* for a launcher's. DeepSpeed's LOCAL_RANK
+    stays (alone it makes no launcher's environment)."""
+    done = _child(_ENV_AFTER_INIT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["initialized"] is True and seen["local_rank"] == "0"
+    assert seen["rendezvous"] == dict.fromkeys(RENDEZVOUS_VARS), seen["rendezvous"]  # unset, as before the init

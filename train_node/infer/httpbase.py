@@ -1,14 +1,12 @@
-"""The HTTP plumbing shared by the CPU engine's server and the authenticating proxy (torch-free):
-an aiohttp server, the one async HTTP stack of the project's servers, on a thread of its own.
+"""The request plumbing shared by the CPU engine's server and the authenticating proxy (torch-free): an
+aiohttp application (:func:`route_app`) that :class:`hpc.httpserver.HttpServer` serves on a thread of its own.
 
 A route is a plain function ``Call -> Reply``: it runs on a thread of its own per request (it may
 block: a generation, a call to vLLM), never on the event loop, so a slow request never holds up a
 ``/health`` probe (as with the thread per connection of a stdlib server).
 
 Guarantees:
-- :class:`HttpServer` listens on TCP (``port`` 0 = any free port; IPv6 for a host with ``:``) or on a
-  Unix socket (created with mode 0600), HTTP/1.1 keep-alive; :meth:`HttpServer.start` returns once the
-  socket listens, :meth:`HttpServer.close` stops it.
+- Listening, start and stop are :class:`hpc.httpserver.HttpServer`'s (TCP or a 0600 Unix socket).
 - :func:`authorized` compares the bearer token in constant time; a missing secret refuses all.
 - Answers are JSON with a Content-Length. A route's exception never drops the connection: it becomes
   a 500 in vLLM's error shape (a JSON error of the body, or a too deep one, a 400). A declared body
@@ -23,7 +21,6 @@ import asyncio
 import hmac
 import json
 import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +32,6 @@ from aiohttp import web
 from train_node.infer.protocol import error_json
 
 MAX_BODY_BYTES = 64 * 2**20  # a token-ID prompt of 128k tokens is ~1 MB of JSON
-SHUTDOWN_S = 2.0  # close() waits this long for requests in flight, then drops them
 
 
 @dataclass(frozen=True)
@@ -86,72 +82,11 @@ def read_secret(path: str | Path | None) -> str | None:
     return text or None
 
 
-def _listen(host: str, port: int, uds: str | None) -> socket.socket:
-    """A bound socket: the Unix one is 0600 (only this user can connect) from the moment it exists."""
-    if uds:
-        Path(uds).unlink(missing_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(uds)
-        finally:
-            os.umask(old)
-        return sock
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
+def route_app(route: Route) -> web.Application:
+    """An application answering every method and path with ``route`` (served by
+    :class:`hpc.httpserver.HttpServer`)."""
 
-
-class HttpServer:
-    """``route`` served by aiohttp on a thread of its own (see the module docstring)."""
-
-    def __init__(self, route: Route, *, host: str = "127.0.0.1", port: int = 0, uds: str | None = None) -> None:
-        self.route, self.host, self.uds = route, host, uds
-        self._sock = _listen(host, port, uds)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="http-server", daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._sock.getsockname()[1]) if not self.uds else 0
-
-    @property
-    def url(self) -> str:
-        """The URL a client on this host uses (``unix:///abs/path.sock`` for a Unix socket)."""
-        if self.uds:
-            return f"unix://{os.path.abspath(self.uds)}"
-        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{shown}:{self.port}"
-
-    def start(self) -> HttpServer:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=60)
-        return self
-
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
-        await self._runner.setup()
-        await web.SockSite(self._runner, self._sock, backlog=128).start()
-
-    def close(self) -> None:
-        """Stop listening and serving (idempotent): requests in flight get ``SHUTDOWN_S`` seconds to be
-        answered, then their connections are dropped (their routes' threads end on their own)."""
-        if self._loop.is_closed():
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=60)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        self._loop.close()
-        self._sock.close()
-        if self.uds:
-            Path(self.uds).unlink(missing_ok=True)
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.Request) -> web.StreamResponse:
         declared = request.content_length or 0
         if declared > MAX_BODY_BYTES:
             resp = _response(error_reply(413, f"request body of {declared} bytes is over the limit of "
@@ -161,7 +96,11 @@ class HttpServer:
         body = await request.read()
         call = Call(request.method, request.path, request.raw_path, request.headers, body,
                     gone=lambda: request.transport is None or request.transport.is_closing())
-        return _response(await _in_thread(self.route, call))
+        return _response(await _in_thread(route, call))
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
 
 
 def _in_thread(route: Route, call: Call) -> asyncio.Future[Reply]:

@@ -1,5 +1,5 @@
 """The authenticating reverse proxy in front of one vLLM server (torch-free), served by
-:class:`train_node.infer.httpbase.HttpServer` (aiohttp).
+:class:`hpc.httpserver.HttpServer` (aiohttp) through :func:`train_node.infer.httpbase.route_app`.
 
 vLLM listens on a Unix socket in a private (0700) directory, so the proxy is the only way in.
 The proxy serves the same API as the CPU engine:

@@ -17,7 +17,8 @@ from types import FrameType
 
 from hpc.errors import UsageError
 from hpc.fsutil import atomic_write_json
-from train_node.infer.httpbase import HttpServer, read_secret
+from hpc.httpserver import HttpServer
+from train_node.infer.httpbase import read_secret, route_app
 from train_node.infer.server import App, ServeOptions, make_handler
 
 
@@ -49,7 +50,7 @@ def run_serve(args: ServeArgs) -> int:
                            max_model_len=args.max_model_len or None, secret=read_secret(args.secret_file),
                            require_auth_all=args.require_auth_all)
     app = App(options)
-    server = HttpServer(make_handler(app), host=args.host, port=args.port, uds=args.uds)
+    server = HttpServer(route_app(make_handler(app)), host=args.host, port=args.port, uds=args.uds)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,5 +1,5 @@
-"""``spoolrl serve``: the CPU engine behind an aiohttp server (:mod:`train_node.infer.httpbase`; TCP or
-Unix socket).
+"""``spoolrl serve``: the CPU engine behind an aiohttp server (:mod:`train_node.infer.httpbase`'s routes on
+:class:`hpc.httpserver.HttpServer`; TCP or Unix socket).
 
 Routes: ``POST /v1/completions``, ``GET /health``, ``GET /v1/models``, ``GET /weight_info``,
 ``POST /reload`` ({"path": dir, "version": int}; needs ``Authorization: Bearer <secret>``).

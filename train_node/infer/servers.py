@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import IO
 
 from hpc.fsutil import read_json
+from hpc.httpserver import HttpServer
 from hpc.paths import node_scratch
-from train_node.infer.httpbase import HttpServer
+from train_node.infer.httpbase import route_app
 from train_node.infer.protocol import LOGPROBS_MODE
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 
@@ -249,7 +250,8 @@ class VllmServer:
         self._proxy = VllmProxy(Upstream(f"unix://{sock}"), secret=secret, version=version, path=str(model),
                                 served_model_name=SERVED_MODEL_NAME, require_auth_all=self.spec.require_auth_all,
                                 request_timeout_s=self.spec.request_timeout_s)
-        self._http = HttpServer(make_proxy_handler(self._proxy), host=self.spec.bind_host, port=self.spec.port).start()
+        self._http = HttpServer(route_app(make_proxy_handler(self._proxy)), host=self.spec.bind_host,
+                                port=self.spec.port).start()
         self._proc.spawn(self.command(model, sock), self.environment(), self.spec.log_path)
 
     def alive(self) -> bool:

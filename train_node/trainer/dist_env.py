@@ -11,14 +11,23 @@ Resolution order (first that applies):
    ``port_picked`` says so, and :func:`train_node.trainer.engine.init_distributed` picks another one
    when a process took it before the rendezvous bound it.
 
-The result is exported to the environment, because ``deepspeed.init_distributed`` reads it there.
+``deepspeed.init_distributed`` (torch's ``env://``) reads the rendezvous from the environment:
+:meth:`DistEnv.exported` puts ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` there for the
+rendezvous only and restores them after, so nothing this process starts later (a role spawned by a test
+that ran a trainer in-process) takes them for a launcher's. ``LOCAL_RANK`` is the one variable set for
+good (:meth:`DistEnv.export_local_rank`): DeepSpeed reads it for the engine's whole life (its
+construction, ZeRO-3's parameter fetches, checkpoint saves), and it alone makes no launcher's environment.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -31,11 +40,27 @@ class DistEnv:
     source: str  # "launcher", "slurm" or "single"
     port_picked: bool = False  # master_port is the OS's pick of a moment ago (another one may be tried)
 
-    def export(self) -> None:
-        os.environ.update(
-            RANK=str(self.rank), LOCAL_RANK=str(self.local_rank), WORLD_SIZE=str(self.world_size),
-            MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port),
-        )
+    def rendezvous_vars(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+    @contextmanager
+    def exported(self) -> Iterator[None]:
+        """The rendezvous variables in ``os.environ`` within the block; afterwards as they were (unset if unset)."""
+        before = {key: os.environ.get(key) for key in RENDEZVOUS_VARS}
+        os.environ.update(self.rendezvous_vars())
+        try:
+            yield
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def export_local_rank(self) -> None:
+        """``LOCAL_RANK`` for DeepSpeed, for the rest of the process (see the module docstring)."""
+        os.environ["LOCAL_RANK"] = str(self.local_rank)
 
 
 def _from_launcher(env: dict[str, str]) -> DistEnv | None:

@@ -68,8 +68,9 @@ PORT_TRIES = 5  # rendezvous ports a single trainer tries when the one it picked
 
 
 def init_distributed(env: DistEnv) -> str:
-    """Start torch.distributed through DeepSpeed; returns the backend (nccl on GPUs, gloo on CPU)."""
-    env.export()
+    """Start torch.distributed through DeepSpeed; returns the backend (nccl on GPUs, gloo on CPU). The
+    rendezvous variables are in ``os.environ`` only while it runs (:meth:`DistEnv.exported`)."""
+    env.export_local_rank()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
@@ -90,13 +91,13 @@ def _rendezvous(env: DistEnv, backend: str) -> None:
 
     for attempt in range(1, PORT_TRIES + 1):
         try:
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            with env.exported():
+                deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
             return
         except tdist.DistNetworkError as exc:
             if not env.port_picked or "EADDRINUSE" not in str(exc) or attempt == PORT_TRIES:
                 raise
             env = replace(env, master_port=free_port())
-            env.export()
 
 
 def _skip_shm_comm_op() -> None:
