@@ -87,11 +87,24 @@ class CiUser:
                 "cwd": str(self.home)}
 
     def run(self, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **self.popen_kwargs())
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              **self.popen_kwargs())
 
     def own(self, path: Path) -> None:
         """Hand ``path`` (recursively) to the CI user."""
         subprocess.run(["chown", "-R", f"{CI_USER}:{CI_USER}", str(path)], check=True)
+
+
+def run_unprivileged(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` as the CI user in its own HOME when the suite runs as root (root ignores permissions, which
+    is what such a test checks), else as this user; either way with :class:`CiUser`'s clean environment."""
+    if os.geteuid() != 0:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
+               "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
+    checkout_traversable()
+    return CiUser.in_own_home().run(*argv, timeout=timeout)
 
 
 @dataclass(frozen=True)

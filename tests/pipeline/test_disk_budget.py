@@ -6,7 +6,7 @@ made unwritable.
   = 0.05 (51 MiB). The watchdog measures the trees every few scans and kills the sandbox; the episode
   ends as the agent's outcome (status ok, reward 0 despite the gold patch, not evaluated, attempt 0);
   exactly-once audit of the spool.
-- ``remove_dead_scratch`` / ``remove_tree`` as an unprivileged user (via runuser when root, since root
+- ``remove_dead_scratch`` / ``remove_tree`` as an unprivileged user (as the CI user when root, since root
   ignores permissions): a dead incarnation's tree with a ``chmod 000`` directory survives a plain
   ``shutil.rmtree`` and is removed by ours.
 """
@@ -36,10 +36,9 @@ from rollout_node.pipeline.sizing import Workers
 from rollout_node.sandbox import bwrap_unavailable_reason
 from rollout_node.tasks import load_tasks
 from tests.pipeline.readback import written
-from tests.unprivileged import CI_USER, interpreter_traversable
+from tests.unprivileged import CI_USER, run_unprivileged
 
 pytestmark = pytest.mark.sandbox
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
           "spool.poll_interval_s=0.2", "spool.heartbeat_interval_s=1", "spool.shard_max_age_s=1",
           "rollout.policy=scripted", "rollout.scripted_plan=empty", "rollout.scratch_per_episode_gb=0.05",
@@ -107,21 +106,12 @@ print(json.dumps({"after": sorted(os.listdir(base))}))
 """
 
 
-def _as_unprivileged(argv: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return argv
-    interpreter_traversable()  # the venv's Python may live under a 0700 /root (pyenv)
-    runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-    return [runuser, "-u", CI_USER, "--", "env", f"PYTHONPATH={REPO}", *argv]
-
-
 def test_scratch_cleanup_removes_trees_the_agent_made_unwritable() -> None:
     base = Path(tempfile.mkdtemp(prefix="spoolrl-scratch-test-"))
     try:
         if os.geteuid() == 0:
             shutil.chown(base, CI_USER, CI_USER)
-        proc = subprocess.run(_as_unprivileged([sys.executable, "-c", CLEANUP, str(base)]), cwd=REPO,
-                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        proc = run_unprivileged(sys.executable, "-c", CLEANUP, str(base), timeout=60)
         assert proc.returncode == 0, proc.stderr
         first, second = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
         result: dict[str, Any] = first

@@ -5,11 +5,8 @@ unreadable-file case runs as the unprivileged CI user (root ignores permission b
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,8 @@ import pytest
 from hpc.errors import SpoolrlError
 from rollout_node.tasks import ensure_builtin_repos, find_mirror, load_tasks, prepare_workdir
 from rollout_node.tasks.repos import UnscorableTree, collect_diff, run_git
-from tests.unprivileged import CI_USER, interpreter_traversable
+from tests.unprivileged import run_unprivileged
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 UNREADABLE = """
 import os, sys, tempfile
 from pathlib import Path
@@ -79,17 +75,7 @@ def test_a_broken_mirror_stays_infrastructure(tree: tuple[Path, Path]) -> None:
 
 
 def test_unreadable_tracked_file_is_unscorable_for_an_unprivileged_node() -> None:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT),
-           "TMPDIR": "/tmp"}
-    argv = [sys.executable, "-c", UNREADABLE]
-    if os.geteuid() == 0:
-        pwd.getpwnam(CI_USER)  # KeyError: scripts/test.sh creates the CI user
-        interpreter_traversable()
-        home = pwd.getpwnam(CI_USER).pw_dir
-        argv = ["runuser", "-u", CI_USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                f"HOME={home}", *argv]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir(),
-                          env={**env, "HOME": os.environ.get("HOME", "/tmp")}, stdin=subprocess.DEVNULL)
+    proc = run_unprivileged(sys.executable, "-c", UNREADABLE, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("UNSCORABLE"), proc.stdout + proc.stderr[-1000:]
     assert "intervals/interval.py: a file without owner read permission" in proc.stdout
