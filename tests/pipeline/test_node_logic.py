@@ -268,3 +268,36 @@ def test_sampling_seeds_are_a_function_of_run_task_sample_attempt() -> None:
     others = {episode_seed(8, "task-a", 1, 0), episode_seed(7, "task-b", 1, 0), episode_seed(7, "task-a", 2, 0),
               episode_seed(7, "task-a", 1, 1)}
     assert seed not in others and len(others) == 4
+
+
+def test_an_early_seal_that_fails_keeps_the_group_pending_and_its_task_open(tmp_path: Path) -> None:
+    """A full disk when the trainer's wait seals a shard early: logged, the group stays in the open shard and its
+    task unfinished (its lease covers it); the next seal publishes it and then finishes the task."""
+    from types import SimpleNamespace
+
+    from hpc.errors import SpoolError
+    from rollout_node.pipeline.sink import GroupSink
+    from tests.spool.spool_helpers import make_traj
+
+    paths, cfg = make_run(tmp_path, "spool.shard_max_age_s=600")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(1))
+    lease = spool.claim_task("w0")
+    assert lease is not None
+    sink = GroupSink(spool, "w0", seal_now=lambda: True)
+    publish = sink.writer._publish
+
+    def disk_full(*args: Any) -> None:
+        raise SpoolError("disk full (test)")
+
+    sink.writer._publish = disk_full  # type: ignore[method-assign]
+    group = SimpleNamespace(task_id="t0", claim=SimpleNamespace(lease=lease))
+    assert sink.write(group, [make_traj("t0", 0), make_traj("t0", 1)])  # type: ignore[arg-type]
+    assert sink.writer.pending() == 2 and sink.awaiting and spool.pending_work() == 0
+    assert spool.task_counts()["tasks_done"] == 0, "a task is finished only once its shard is published"
+    sink.writer._publish = publish  # type: ignore[method-assign]
+    sink.flush()
+    assert sink.writer.pending() == 0 and not sink.awaiting and spool.pending_work() == 1
+    assert spool.task_counts()["tasks_done"] == 1
+    sink.close()
+    assert sorted(t.sample_index for t in written(paths, cfg)["t0"]) == [0, 1]
