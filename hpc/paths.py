@@ -73,6 +73,11 @@ class RunPaths:
         return self.control / "secret"
 
     @property
+    def trainer_waiting(self) -> Path:
+        """Present while the trainer waits for samples (:class:`hpc.records.TrainerWaiting`)."""
+        return self.control / "TRAINER_WAITING"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -14,6 +14,11 @@ hand. The formats are fixed (other processes and older run directories read and 
   being read from disk; a record that names a served version always names it, null when none),
   ``host``, ``pid``; every other key is kept as its writer wrote it. Written atomically; fsynced
   only when written once (heartbeated ones are rewritten every few seconds).
+- ``control/TRAINER_WAITING`` (:class:`TrainerWaiting`): JSON ``{"step", "policy_version",
+  "generation", "since"}``, present only while the trainer is blocked waiting for the samples of
+  its next step (written atomically, not fsynced: a hint that means nothing after a crash). Rollout
+  nodes only test that it exists (:func:`trainer_waiting`, one ``stat``) and then seal their open
+  shard at once instead of at its age limit.
 - spool task records (:class:`TaskRecord`): ``task_id``, ``group_size``, ``policy_version`` (the
   version current when the trainer issued the task; a trajectory's ``task_version``), ``epoch``,
   ``position``, ``instance_id``; every other key (the task itself when it is inline) is kept.
@@ -248,3 +253,60 @@ class TaskRecord:
                    policy_version=_opt_int(data, "policy_version", where), epoch=_opt_int(data, "epoch", where),
                    position=_opt_int(data, "position", where), instance_id=_opt_str(data, "instance_id", where),
                    fields={k: v for k, v in data.items() if k not in TASK_KEYS})
+
+
+# --- control/TRAINER_WAITING ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerWaiting:
+    """The trainer (consumer generation ``generation``) is blocked waiting for the samples of ``step``, which
+    it will train at ``policy_version``; ``since`` is its wall clock when the wait began (for operators: no
+    reader compares it with its own clock)."""
+
+    step: int
+    policy_version: int
+    generation: int
+    since: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "policy_version": self.policy_version, "generation": self.generation,
+                "since": self.since}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "control/TRAINER_WAITING") -> TrainerWaiting:
+        keys = ("step", "policy_version", "generation")
+        if not isinstance(data, Mapping) or any(_opt_int(data, k, where) is None for k in keys):
+            raise RecordError(f"{where}: expected a JSON object with integer step, policy_version and "
+                              f"generation, not {str(data)[:80]!r}")
+        since = data.get("since")
+        if not isinstance(since, (int, float)) or isinstance(since, bool):
+            raise RecordError(f"{where}: since must be a number (seconds since the epoch), not {since!r}")
+        return cls(step=data["step"], policy_version=data["policy_version"], generation=data["generation"],
+                   since=float(since))
+
+
+def trainer_waiting(paths: RunPaths) -> bool:
+    """Whether the trainer waits for samples now (one ``stat``: what rollout nodes check every poll)."""
+    return paths.trainer_waiting.exists()
+
+
+def read_trainer_waiting(paths: RunPaths) -> TrainerWaiting | None:
+    """What the trainer waits for; None when it does not wait."""
+    text = _read_text(paths.trainer_waiting)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RecordError(f"{paths.trainer_waiting}: not valid JSON ({exc})") from exc
+    return TrainerWaiting.from_json(data, str(paths.trainer_waiting))
+
+
+def write_trainer_waiting(paths: RunPaths, record: TrainerWaiting) -> None:
+    atomic_write_json(paths.trainer_waiting, record.to_json(), fsync=False)
+
+
+def clear_trainer_waiting(paths: RunPaths) -> None:
+    """The trainer no longer waits (a missing marker is fine)."""
+    paths.trainer_waiting.unlink(missing_ok=True)

@@ -26,7 +26,9 @@ real tests in EVAL, the staleness guard that reads ``policy/LATEST``), the spool
 Sweep: ``--ratios`` (trainer step time / rollout time of a step) x ``--staleness`` (``algorithm.max_staleness``;
 0 = synchronous: ``trainer.max_tasks_outstanding = groups_per_step``, no prefetch; S > 0: ``(S + 1) x
 groups_per_step`` outstanding, prefetch on). Every cell is its own run directory and process; ``--parallel``
-cells run side by side.
+cells run side by side. The trainer raises ``control/TRAINER_WAITING`` while it waits for a batch and the node
+seals its open shard when it sees it (as in production); ``--no-trainer-signal`` measures the spool without it
+(seal by age, when full, or when the node is idle).
 
 Per cell, over the steady window (the steps after ``--warm-steps``): samples/hour trained, trainer idle (the
 share of the window not inside a train step, :func:`hpc.overlap.trainer_idle`), inference idle (time with no request in service
@@ -111,6 +113,7 @@ class Shape:
     time_scale: float = 0.25
     shard_max_age_s: float = 0.2  # spool.shard_max_age_s: a complete group waits up to this for its shard's seal
     poll_interval_s: float = 0.05  # spool.poll_interval_s
+    trainer_signal: bool = True  # control/TRAINER_WAITING (--no-trainer-signal: the trainer never raises it)
 
     @property
     def prefill_s(self) -> float:
@@ -274,17 +277,31 @@ class WaitClock:
         return getattr(self.source, name)
 
 
+class NoWaitSignal:
+    """In place of the trainer's :class:`~train_node.trainer.source.WaitSignal` (``--no-trainer-signal``): the
+    trainer never says it waits, so the nodes seal shards by age, when full or when idle, as before the signal."""
+
+    def begin(self, step: int, policy_version: int) -> None:
+        return None
+
+    def end(self) -> None:
+        return None
+
+
 class StandInTrainer(Trainer):
     """The real trainer loop with :class:`SleepEngine` in place of the DeepSpeed engine, its spool behind an
     :class:`IssueClock` and its batch source behind a :class:`WaitClock`."""
 
     seconds_per_token = 0.0
+    trainer_signal = True
 
     def _build_engine(self, meta: CheckpointMeta | None) -> Any:
         return SleepEngine(self.seconds_per_token)
 
     def _setup_rank0(self, meta: CheckpointMeta | None) -> Lead:
         lead = super()._setup_rank0(meta)
+        if not self.trainer_signal:
+            lead.waiting = NoWaitSignal()  # type: ignore[assignment]
         self.issue_clock = IssueClock(lead.spool)
         lead.spool = self.issue_clock  # type: ignore[assignment]
         return lead
@@ -339,6 +356,7 @@ def run_cell(shape: Shape, ratio: float, max_staleness: int) -> dict[str, Any]:
         trainer = StandInTrainer(paths.root, cfg, Options(instance_ids=[t.instance_id for t in load_tasks("builtin")],
                                                           idle_timeout_s=0.2))
         trainer.seconds_per_token = shape.trainer_s_per_token(ratio)
+        trainer.trainer_signal = shape.trainer_signal
         trainer.setup()
         node_thread = threading.Thread(target=node.run, name="bench-rollout-node", daemon=True)
         node_thread.start()
@@ -570,7 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=5, help="cells run side by side (each its own process)")
     p.add_argument("--json-out", type=Path, help="also write the full per-cell figures (with distributions) here")
     for name, default in asdict(Shape()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        if isinstance(default, bool):
+            p.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
+        else:
+            p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     args = p.parse_args(argv)
     shape = Shape(**{k: getattr(args, k) for k in asdict(Shape())})
     if shape.warm_steps < 1 or shape.steps < shape.warm_steps + 2:
@@ -581,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{shape.group_size}), workers init={shape.init_workers} run={shape.run_workers} eval={shape.eval_workers}, "
           f"LLM stand-in {shape.llm_slots} slots, {shape.prefill_s * 1000:.3f} ms/prompt token, "
           f"{shape.decode_s * 1000:.2f} ms/generated token (time scale {shape.time_scale}), "
-          f"rollout time of a step {shape.rollout_step_s():.2f} s", flush=True)
+          f"rollout time of a step {shape.rollout_step_s():.2f} s, shard age {shape.shard_max_age_s:g} s, "
+          f"trainer-waiting signal {'on' if shape.trainer_signal else 'off'}", flush=True)
     t0 = time.monotonic()
     cells = run_cells(shape, [(r, s) for r in args.ratios for s in args.staleness], args.parallel)
     print_table(cells, f"measured ({time.monotonic() - t0:.0f} s)")

@@ -12,9 +12,13 @@ What is modelled, as the real parts do it:
   mean is the shape's mean. RUN also takes one of ``llm_slots`` (the inference fleet's concurrent sequences at the
   calibrated latency).
 - A sample's policy version is the one published when its RUN starts. A complete group joins its node's open
-  shard, which is sealed when full (``shard_max_trajectories``), when the node has nothing left in flight, or
-  by the writer's age thread once ``spool.shard_max_age_s`` old (checked every ``min(1, age / 4)`` s); the
-  trainer's batch source finds it at its next poll (every ``min(0.2, spool.poll_interval_s)`` s). The trainer
+  shard, which is sealed when full (``shard_max_trajectories``), when the node has nothing left in flight, when
+  the node sees the trainer waiting (``control/TRAINER_WAITING``: the trainer raises it when it finds no batch
+  and removes it when it takes one; each node sees a change at its next control poll, every
+  ``max(0.2, spool.poll_interval_s)`` s, then seals its open shard and, while the marker stands, every group as
+  it is written; ``trainer_signal``), or by the writer's age thread once ``spool.shard_max_age_s`` old (checked
+  every ``min(1, age / 4)`` s); the trainer's batch source finds it at its next poll (every
+  ``min(0.2, spool.poll_interval_s)`` s). The trainer
   takes ``groups_per_step`` groups in arrival order, drops a group whose staleness at the training version
   exceeds ``max_staleness`` (waste), and steps for a time drawn from the measured step times; each step
   publishes a version, then the loop's own work between steps (marking trained, publish, metrics, the
@@ -54,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from hpc.overlap import busy_share  # noqa: E402
 
 STAGES = ("init", "run", "eval")
+NODE_TICK_S = 0.2  # the rollout node's control loop (rollout_node.pipeline.state.TICK_S)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class SimShape:
     poll_interval_s: float = 0.05  # spool.poll_interval_s (the default is 1; the trainer polls at most every 0.2 s)
     eval_dedup: bool = False  # a group's samples share one diff: one test run, the siblings wait for it
     eval_occupied_s: float | None = None  # with eval_dedup: a sample's mean time in EVAL (its wait included)
+    trainer_signal: bool = True  # control/TRAINER_WAITING: nodes seal at once while the trainer waits
     steps: int = 9
     warm_steps: int = 2
 
@@ -159,6 +165,9 @@ class Sim:
         self.outstanding = 0
         self.ready: deque[_Group] = deque()
         self.training = False
+        self.waiting = False  # control/TRAINER_WAITING stands
+        self.sees_wait = [False] * shape.nodes  # as each node last saw it
+        self.wait_epoch = 0
         self.step_log: list[tuple[float, float, int]] = []  # (start, end, samples)
         self.run_spans: list[tuple[float, float]] = []
         self.generated = 0
@@ -241,7 +250,8 @@ class Sim:
             tick = min(1.0, self.s.shard_max_age_s / 4)
             self.at(self.now + self.s.shard_max_age_s + self.rng.uniform(0, tick), lambda: self.seal(node, number))
         shard.append(group)
-        if len(shard) * self.s.group_size >= self.s.shard_max_trajectories or self.in_flight[node] == 0:
+        full = len(shard) * self.s.group_size >= self.s.shard_max_trajectories
+        if full or self.in_flight[node] == 0 or self.sees_wait[node]:
             self.seal(node, self.shard_no[node])
 
     def seal(self, node: int, number: int) -> None:
@@ -274,11 +284,32 @@ class Sim:
         if len(kept) < self.s.groups_per_step:
             self.ready.extendleft(reversed(kept))
             self.top_up()
+            self.signal_wait(True)
             return
+        self.signal_wait(False)
         self.training = True
         dt = self.draws.step(self.s.step_s)
         start = self.now
         self.at(self.now + dt, lambda: self.step_done(start, len(kept)))
+
+    def signal_wait(self, on: bool) -> None:
+        """The trainer raises (``on``) or removes ``control/TRAINER_WAITING``; each node sees the change at its next
+        control poll (:meth:`node_sees`)."""
+        if not self.s.trainer_signal or on == self.waiting:
+            return
+        self.waiting = on
+        self.wait_epoch += 1
+        epoch, poll = self.wait_epoch, max(NODE_TICK_S, self.s.poll_interval_s)
+        for node in range(self.s.nodes):
+            self.at(self.now + self.rng.uniform(0, poll), lambda n=node: self.node_sees(n, on, epoch))
+
+    def node_sees(self, node: int, on: bool, epoch: int) -> None:
+        """A node's control poll reads the marker: it seals its open shard when the trainer waits."""
+        if epoch != self.wait_epoch:
+            return  # changed again before this node looked
+        self.sees_wait[node] = on
+        if on:
+            self.seal(node, self.shard_no[node])
 
     def step_done(self, start: float, groups: int) -> None:
         """The step's tasks are resolved and its version published; the loop's own work (``Dists.loop``) runs
@@ -340,7 +371,7 @@ def from_bench(bench: dict[str, Any]) -> tuple[Dists, list[tuple[dict[str, Any],
                          eval_workers=b["eval_workers"], llm_slots=b["llm_slots"], group_size=b["group_size"],
                          groups_per_step=b["groups_per_step"], means=means, step_s=statistics.fmean(c["step_s"]),
                          shard_max_age_s=b.get("shard_max_age_s", 0.2), poll_interval_s=b.get("poll_interval_s", 0.05),
-                         eval_dedup="eval_run_s" in c,
+                         eval_dedup="eval_run_s" in c, trainer_signal=bool(b.get("trainer_signal", False)),
                          eval_occupied_s=statistics.fmean(c["stage_s"]["eval"]) if "eval_run_s" in c else None,
                          steps=b["steps"], warm_steps=b["warm_steps"])
         own = Dists(stage=own_stages, step=c["step_s"], loop=c.get("loop_s") or [0.0], replay=True)
@@ -377,12 +408,15 @@ POLAR = SimShape(nodes=8, init_workers=16, run_workers=48, eval_workers=16, llm_
 
 
 def polar_cells(dists: Dists, reps: int, ages: tuple[float, ...] = (POLAR.shard_max_age_s,),
-                staleness: tuple[int, ...] = (0, 1, 2, 4)) -> list[dict[str, Any]]:
+                staleness: tuple[int, ...] = (0, 1, 2, 4), trainer_signal: bool = True) -> list[dict[str, Any]]:
     """Polar's shape at each ``spool.shard_max_age_s`` in ``ages`` (the default 30 s, or a shorter one) and
-    each ``max_staleness``."""
+    each ``max_staleness``, with the trainer-waiting signal or without it (the spool before it)."""
     ratio = POLAR.step_s / POLAR.rollout_step_s()
-    return [{"shape": f"polar age {age:g}s", "ratio": round(ratio, 3), "max_staleness": s, "shard_max_age_s": age,
-             **simulate(replace(POLAR, shard_max_age_s=age), dists, s, reps)} for age in ages for s in staleness]
+    tag = "" if trainer_signal else ", no signal"
+    return [{"shape": f"polar {age:g}s{tag}", "ratio": round(ratio, 3), "max_staleness": s, "shard_max_age_s": age,
+             "trainer_signal": trainer_signal,
+             **simulate(replace(POLAR, shard_max_age_s=age, trainer_signal=trainer_signal), dists, s, reps)}
+            for age in ages for s in staleness]
 
 
 POLAR_NODE = replace(POLAR, nodes=1, llm_slots=48, groups_per_step=8)  # one of its 8 nodes
@@ -405,12 +439,12 @@ def node_scaling(dists: Dists, reps: int, nodes: list[int], ratio: float = 0.5, 
     return out
 
 
-def ratio_one(bench: dict[str, Any], dists: Dists, reps: int) -> list[dict[str, Any]]:
+def ratio_one(bench: dict[str, Any], dists: Dists, reps: int, trainer_signal: bool = True) -> list[dict[str, Any]]:
     """The bench's shape with the trainer at exactly the rollout time of a step (ratio 1, from the stage means
     of every cell pooled, as the bench defines capacity: every sample's time in the stage, a sibling's wait for
     a shared EVAL included), synchronous and staleness 1, 2, 4: where issue 35's targets are stated."""
     _, cells = from_bench(bench)
-    shape = cells[0][1]
+    shape = replace(cells[0][1], trainer_signal=trainer_signal)
     occupied = statistics.fmean(x for c in bench["cells"] for x in c["stage_s"]["eval"])
     shape = replace(shape, means={st: statistics.fmean(dists.stage[st]) for st in STAGES},
                     eval_occupied_s=occupied if shape.eval_dedup else None)
@@ -421,10 +455,10 @@ def ratio_one(bench: dict[str, Any], dists: Dists, reps: int) -> list[dict[str, 
 
 def print_cells(title: str, cells: list[dict[str, Any]]) -> None:
     print(f"== {title}")
-    print(f"  {'shape':>12} {'ratio':>6} {'staleness':>9} {'samples/h':>10} {'trainer idle':>12} {'infer idle':>10} "
+    print(f"  {'shape':>20} {'ratio':>6} {'staleness':>9} {'samples/h':>10} {'trainer idle':>12} {'infer idle':>10} "
           f"{'waste':>6} {'of bound':>8}" + ("  efficiency" if "efficiency" in cells[0] else ""))
     for c in cells:
-        print(f"  {c.get('shape', ''):>12} {c['ratio']:6.2f} {c['max_staleness']:9d} {c['samples_per_hour']:10.0f} "
+        print(f"  {c.get('shape', ''):>20} {c['ratio']:6.2f} {c['max_staleness']:9d} {c['samples_per_hour']:10.0f} "
               f"{c['trainer_idle']:12.1%} {c['inference_idle']:10.1%} {c['waste']:6.1%} {c['bound_fraction']:8.0%}"
               + (f"  {c['efficiency']:10.1%}" if "efficiency" in c else ""))
 
@@ -456,9 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  staleness 2 / synchronous = {speedup:.2f}x, trainer idle {at1[2]['trainer_idle']:.1%}, "
           f"waste {at1[2]['waste']:.1%}")
     polar = polar_cells(dists, max(2, args.reps // 4))
-    polar += polar_cells(dists, max(2, args.reps // 4), ages=(2.0,), staleness=(2,))
+    polar += polar_cells(dists, max(2, args.reps // 4), ages=(30.0, 2.0), staleness=(2,), trainer_signal=False)
     print_cells("Polar TMax recipe (8 training + 24 inference GPUs, 384 RUN workers; assumptions in the source; "
-                "spool.shard_max_age_s 30 s, the default, then 2 s)", polar)
+                "spool.shard_max_age_s 30 s, the default; then without the trainer-waiting signal at 30 s and 2 s)",
+                polar)
     scaling = node_scaling(dists, max(2, args.reps // 4), args.nodes)
     print_cells("rollout nodes (weak scaling, staleness 2, trainer at 0.5 of the rollout time)", scaling)
     at16 = next((c["efficiency"] for c in scaling if c["nodes"] == 16), None)

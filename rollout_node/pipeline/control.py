@@ -7,6 +7,9 @@ Control files (all under ``RUN/control/``; any process on any node may create th
 - ``cancel/<task_id>``: the task is cancelled: in-flight samples are stopped, their sandboxes
   closed, and the group is written with status ``cancelled``; a task claimed later with that id
   is written as cancelled at once.
+- ``TRAINER_WAITING`` (:class:`hpc.records.TrainerWaiting`, written by the trainer): the trainer is
+  blocked waiting for samples; the node seals its open shard at once, and every group it writes
+  while the marker stands (:mod:`~rollout_node.pipeline.sink`), instead of at ``spool.shard_max_age_s``.
 
 The policy version is ``RUN/policy/LATEST`` (missing = version 0). The job's remaining time comes
 from :class:`hpc.slurm_env.SlurmEnv` (``SLURM_JOB_END_TIME``, else ``squeue``), refreshed at most
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from hpc.errors import RecordError
 from hpc.paths import RunPaths
-from hpc.records import read_policy_latest
+from hpc.records import read_policy_latest, trainer_waiting
 from hpc.slurm_env import SlurmEnv
 
 CANCEL_DIR = "cancel"
@@ -40,13 +43,14 @@ def request_cancel(paths: RunPaths, task_id: str) -> Path:
 
 
 class ControlFiles:
-    """Throttled reads of STOP, the cancel markers and policy/LATEST."""
+    """Throttled reads of STOP, the cancel markers, TRAINER_WAITING and policy/LATEST."""
 
     def __init__(self, paths: RunPaths, poll_s: float) -> None:
         self.paths = paths
         self.poll_s = poll_s
         self._next = 0.0
         self._stop = False
+        self._trainer_waiting = False
         self._cancelled: frozenset[str] = frozenset()
         self._latest = 0
 
@@ -56,6 +60,7 @@ class ControlFiles:
             return
         self._next = now + self.poll_s
         self._stop = self.paths.stop_marker.exists()
+        self._trainer_waiting = trainer_waiting(self.paths)
         try:
             self._cancelled = frozenset(p.name for p in cancel_dir(self.paths).iterdir())
         except FileNotFoundError:
@@ -65,6 +70,11 @@ class ControlFiles:
     @property
     def stop(self) -> bool:
         return self._stop
+
+    @property
+    def trainer_waiting(self) -> bool:
+        """The trainer waits for samples (as of the last refresh): seal shards now."""
+        return self._trainer_waiting
 
     @property
     def latest_version(self) -> int:

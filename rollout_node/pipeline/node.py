@@ -127,7 +127,7 @@ class RolloutNode:
             remove_dead_sandbox_scratch(user_scratch(self.config.sandbox) / "sbx")
         self.scratch.mkdir(parents=True, exist_ok=True)
         rollout_presence.announce(self.paths, self.worker_id, os.getpid())
-        self.outcomes.open_sink()
+        self.outcomes.open_sink(lambda: self.control.trainer_waiting)
         log.info("rollout node %s: workers init=%d run=%d eval=%d, scratch %s", self.worker_id,
                  self.opts.workers.init, self.opts.workers.run, self.opts.workers.eval, self.scratch)
         self._start_threads()
@@ -199,7 +199,7 @@ class RolloutNode:
         if self.drain.reason:
             self._drain_step(groups)
         self.outcomes.finish_published()
-        self.outcomes.flush_idle()
+        self.outcomes.flush_early()
 
     def _check_episode(self, ep: Episode) -> None:
         spent = ep.charged_s()

@@ -53,8 +53,9 @@ class Outcomes:
                        episode_seed(self.config.run.seed, group.task_id, sample_index, attempt))
 
     # ------------------------------------------------------------------ the shard writer
-    def open_sink(self) -> None:
-        self.sink = GroupSink(self.spool, self.worker_id)
+    def open_sink(self, seal_now: Callable[[], bool]) -> None:
+        """The shard writer; ``seal_now()``: seal each written group's shard at once (the trainer waits)."""
+        self.sink = GroupSink(self.spool, self.worker_id, seal_now)
 
     def awaiting(self) -> bool:
         """Written groups whose shard is not published yet (their tasks are not finished)."""
@@ -70,11 +71,14 @@ class Outcomes:
             with self.write_lock:
                 self.sink.close()
 
-    def flush_idle(self) -> None:
-        """Nothing in flight: publish the open shard now instead of waiting for its age limit."""
+    def flush_early(self) -> None:
+        """Publish the open shard now instead of waiting for its age limit when nothing is in flight or the
+        trainer waits for samples (``seal_now``)."""
+        if self.sink is None or not self.sink.awaiting:
+            return
         with self.inflight.lock:
             idle = not self.inflight.groups
-        if not (idle and self.sink is not None and self.sink.awaiting):
+        if not (idle or self.sink.seal_now()):
             return
         with self.write_lock:
             self.sink.flush()

@@ -13,6 +13,7 @@ from typing import Any
 
 from hpc.config import load_config
 from hpc.paths import RunPaths
+from hpc.records import TrainerWaiting, write_trainer_waiting
 from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status
@@ -169,6 +170,44 @@ def test_backpressure_stops_claims(tmp_path: Path) -> None:
     assert stats["tasks_claimed"] == 0
 
 
+def _wait_for(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_an_open_shard_is_sealed_when_the_trainer_waits_and_not_before(tmp_path: Path) -> None:
+    """The shard's age limit (600 s) is out of reach and the node is never idle (a slow task stays in RUN), so
+    only control/TRAINER_WAITING can seal the finished group's shard: not while it is absent, within one poll of
+    the node once it appears; a group written while it stands is sealed at once."""
+    paths, cfg = make_run(tmp_path, "rollout.scripted_plan=busy*=slow;*=gold", "algorithm.group_size=1",
+                          "algorithm.drop_zero_variance=false",
+                          "spool.shard_max_age_s=600", "rollout.run_timeout_s=600", "rollout.drain_timeout_s=0.5")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks([{"task_id": "busy"}, {"task_id": "t0"}])
+    n = node(paths, cfg, FakeOps(), tmp_path, once=False)
+    thread = threading.Thread(target=n.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: n.outcomes.sink is not None and n.outcomes.sink.writer.pending() == 1,
+                  "the gold group reaches the open shard")
+        polls = n.control.poll_s + 0.2  # the control loop's refresh interval, plus its tick
+        time.sleep(5 * polls)
+        assert spool.pending_work() == 0 and spool.task_counts()["tasks_done"] == 0, "sealed without the signal"
+        write_trainer_waiting(paths, TrainerWaiting(step=1, policy_version=0, generation=1, since=time.time()))
+        _wait_for(lambda: spool.pending_work() == 1, "the open shard is sealed once the trainer waits")
+        _wait_for(lambda: spool.task_counts()["tasks_done"] == 1, "its task is finished once its shard is published")
+        spool.put_tasks([{"task_id": "t1"}])  # written while the marker stands: its own shard, at once
+        _wait_for(lambda: spool.pending_work() == 2, "a group written while the trainer waits is sealed at once")
+    finally:
+        n.request_drain("test")
+        thread.join(timeout=30)
+    assert sorted(written(paths, cfg)) == ["t0", "t1"], "each group once, the slow one released"
+    stats = spool.stats()
+    assert stats["tasks_done"] == 2 and stats["tasks_ready"] == 1 and stats["tasks_claimed"] == 0
+
+
 def test_max_episodes_exits_after_whole_groups(tmp_path: Path) -> None:
     paths, cfg = make_run(tmp_path, "rollout.claim_lookahead=1", "rollout.queue_size=2")
     spool = Spool(paths.root, cfg.spool)
@@ -229,3 +268,36 @@ def test_sampling_seeds_are_a_function_of_run_task_sample_attempt() -> None:
     others = {episode_seed(8, "task-a", 1, 0), episode_seed(7, "task-b", 1, 0), episode_seed(7, "task-a", 2, 0),
               episode_seed(7, "task-a", 1, 1)}
     assert seed not in others and len(others) == 4
+
+
+def test_an_early_seal_that_fails_keeps_the_group_pending_and_its_task_open(tmp_path: Path) -> None:
+    """A full disk when the trainer's wait seals a shard early: logged, the group stays in the open shard and its
+    task unfinished (its lease covers it); the next seal publishes it and then finishes the task."""
+    from types import SimpleNamespace
+
+    from hpc.errors import SpoolError
+    from rollout_node.pipeline.sink import GroupSink
+    from tests.spool.spool_helpers import make_traj
+
+    paths, cfg = make_run(tmp_path, "spool.shard_max_age_s=600")
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks(tasks(1))
+    lease = spool.claim_task("w0")
+    assert lease is not None
+    sink = GroupSink(spool, "w0", seal_now=lambda: True)
+    publish = sink.writer._publish
+
+    def disk_full(*args: Any) -> None:
+        raise SpoolError("disk full (test)")
+
+    sink.writer._publish = disk_full  # type: ignore[method-assign]
+    group = SimpleNamespace(task_id="t0", claim=SimpleNamespace(lease=lease))
+    assert sink.write(group, [make_traj("t0", 0), make_traj("t0", 1)])  # type: ignore[arg-type]
+    assert sink.writer.pending() == 2 and sink.awaiting and spool.pending_work() == 0
+    assert spool.task_counts()["tasks_done"] == 0, "a task is finished only once its shard is published"
+    sink.writer._publish = publish  # type: ignore[method-assign]
+    sink.flush()
+    assert sink.writer.pending() == 0 and not sink.awaiting and spool.pending_work() == 1
+    assert spool.task_counts()["tasks_done"] == 1
+    sink.close()
+    assert sorted(t.sample_index for t in written(paths, cfg)["t0"]) == [0, 1]

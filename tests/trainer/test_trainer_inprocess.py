@@ -194,6 +194,34 @@ def test_staleness_is_judged_at_the_version_that_trains_the_batch(tmp_path: Path
     assert len(ledger) == 6 * 4
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_trainer_says_it_waits_until_a_batch_comes(tmp_path: Path, prefetch: bool) -> None:
+    """control/TRAINER_WAITING stands while the trainer has no batch (naming the step and the version that
+    will train it), through several idle rounds, and goes when a batch is handed out; a dead predecessor's
+    marker is removed when the trainer starts, and the trainer removes its own when it closes."""
+    from hpc.records import TrainerWaiting, read_trainer_waiting, write_trainer_waiting
+
+    cfg = run_config(trainer={"total_steps": 2, "checkpoint_every": 10, "prefetch": prefetch})
+    paths = make_run(tmp_path / "run", cfg)
+    write_trainer_waiting(paths, TrainerWaiting(step=9, policy_version=9, generation=0, since=0.0))
+    t = _trainer(paths.root, cfg, idle_timeout_s=0.05)
+    assert read_trainer_waiting(paths) is None, "a predecessor's marker is removed at start"
+    assert [t.iterate(), t.iterate()] == ["idle", "idle"]
+    waiting = read_trainer_waiting(paths)
+    assert waiting is not None and (waiting.step, waiting.policy_version) == (1, 0)
+    assert waiting.generation == t.lead.generation
+    write_groups(paths.root, standard_groups(2))
+    commands = [t.iterate()]
+    while commands[-1] == "idle" and len(commands) < 400:  # until the batch source has claimed the shards
+        commands.append(t.iterate())
+    assert commands[-1] == "train" and read_trainer_waiting(paths) is None
+    assert t.iterate() == "idle"
+    waiting = read_trainer_waiting(paths)
+    assert waiting is not None and (waiting.step, waiting.policy_version) == (2, 1)
+    t.close()
+    assert read_trainer_waiting(paths) is None
+
+
 def test_a_fresh_trainer_replaces_policies_of_a_lineage_that_never_checkpointed(tmp_path: Path) -> None:
     """A predecessor published v1, v2 but left no checkpoint: the new trainer starts from the initial
     weights, so it publishes those as a new version before training and marks v1-v2 discarded."""

@@ -16,14 +16,19 @@ from hpc.records import (
     CheckpointPointer,
     EndpointRecord,
     TaskRecord,
+    TrainerWaiting,
+    clear_trainer_waiting,
     parse_policy_latest,
     read_checkpoint_latest,
     read_endpoint,
     read_policy_latest,
+    read_trainer_waiting,
     scan_endpoints,
+    trainer_waiting,
     write_checkpoint_latest,
     write_endpoint,
     write_policy_latest,
+    write_trainer_waiting,
 )
 
 
@@ -135,6 +140,28 @@ def test_task_record_round_trip_and_task_version() -> None:
 def test_task_record_bad_content(data: object) -> None:
     with pytest.raises(RecordError, match="spool task"):
         TaskRecord.from_json(data)
+
+
+def test_trainer_waiting_round_trip_and_clear(paths: RunPaths) -> None:
+    assert not trainer_waiting(paths) and read_trainer_waiting(paths) is None
+    record = TrainerWaiting(step=8, policy_version=7, generation=2, since=1.5)
+    write_trainer_waiting(paths, record)
+    assert paths.trainer_waiting == paths.control / "TRAINER_WAITING"
+    assert trainer_waiting(paths) and read_trainer_waiting(paths) == record
+    assert json.loads(paths.trainer_waiting.read_text()) == {"generation": 2, "policy_version": 7, "since": 1.5,
+                                                             "step": 8}
+    clear_trainer_waiting(paths)
+    clear_trainer_waiting(paths)  # gone already: fine
+    assert not trainer_waiting(paths) and read_trainer_waiting(paths) is None
+
+
+@pytest.mark.parametrize("text", ["", "[1]", '{"step": 1, "policy_version": 0, "since": 1.0}',
+                                  '{"step": "1", "policy_version": 0, "generation": 1, "since": 1.0}',
+                                  '{"step": 1, "policy_version": 0, "generation": 1, "since": "now"}'])
+def test_trainer_waiting_bad_content_names_the_file(paths: RunPaths, text: str) -> None:
+    paths.trainer_waiting.write_text(text)
+    with pytest.raises(RecordError, match="TRAINER_WAITING"):
+        read_trainer_waiting(paths)
 
 
 def test_model_path_resolution(tmp_path: Path) -> None:

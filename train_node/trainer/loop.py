@@ -5,7 +5,7 @@ metrics (:class:`Lead`, which no other rank has); each step it sends every rank 
 message (train these micro-batches: that rank's part of the plan only / idle / stop) so all ranks
 run the same collectives. Order of operations per optimizer step:
 
-    feed tasks -> get batch (prefetched) -> plan + scatter micro-batches -> train step
+    feed tasks -> get batch (prefetched; a wait raises control/TRAINER_WAITING) -> plan + scatter micro-batches -> train step
     -> mark trained -> publish (every N) -> metrics -> checkpoint + spool commit (every K)
 
 Resume (:meth:`Trainer.setup`): the newest checkpoint that matches its manifest is restored (engine
@@ -58,7 +58,7 @@ from train_node.trainer.engine import Engine, NonFiniteError, StepResult, init_d
 from train_node.trainer.feeder import Feeder
 from train_node.trainer.packing import Plan, plan_minibatches
 from train_node.trainer.publish import Publisher, latest_version
-from train_node.trainer.source import BatchSource
+from train_node.trainer.source import BatchSource, WaitSignal
 
 CONSUMER_ID = "trainer"
 
@@ -93,6 +93,7 @@ class Lead:
     feeder: Feeder | None
     publisher: Publisher
     metrics: MetricsWriter
+    waiting: WaitSignal  # control/TRAINER_WAITING while a wait for a batch lasts
     source: BatchSource | None = None  # started once the initial weights are published
     pending: tuple[Batch, list[Plan], float] | None = None  # the running step's batch, plans, wait
 
@@ -111,6 +112,7 @@ class Lead:
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        self.waiting.end()
         self.publisher.close()
         self.metrics.close()
 
@@ -206,7 +208,8 @@ class Trainer:
                               self.tokenizer_dir(), keep=self.cfg.trainer.keep_policies,
                               generation=generation, fence=self._fence)
         lead = Lead(spool, generation, consumer, self._make_feeder(meta), publisher,
-                    MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}"))
+                    MetricsWriter(self.paths.root, f"{self.opt.process_name}-{self.rank}"),
+                    WaitSignal(self.paths, generation))
         lead.metrics.log("trainer_start", step=self.step, generation=generation, recovered=recovered,
                          world_size=self.world, resumed_from=meta.tag if meta else None, skipped=self.skipped)
         return lead
@@ -307,7 +310,7 @@ class Trainer:
                 lead.feeder.top_up(lead.spool, lead.consumer, lead.publisher.version)
             for event in lead.feeder.take_events():
                 lead.metrics.log(event.pop("event"), step=self.step, **event)
-        batch, waited = lead.batches.get(self.opt.idle_timeout_s)
+        batch, waited = self._get_batch()
         self.counters.idle_s += waited
         if batch is None:
             return [{"cmd": "idle"}] * self.world
@@ -318,6 +321,19 @@ class Trainer:
                                  self.cfg.trainer.micro_batch_tokens)
         lead.pending = (batch, plans, waited)
         return [{"cmd": "train", "minibatches": [p.per_rank[r] for p in plans]} for r in range(self.world)]
+
+    def _get_batch(self) -> tuple[Batch | None, float]:
+        """Rank 0: the next batch (None after ``idle_timeout_s``) and the seconds waited. A wait is signalled to
+        the rollout nodes (:class:`WaitSignal`) until a batch comes."""
+        lead = self.lead
+        batch, waited = lead.batches.get(0.0)
+        if batch is None:
+            lead.waiting.begin(self.step + 1, self.train_version(False))
+            batch, more = lead.batches.get(self.opt.idle_timeout_s)
+            waited += more
+        if batch is not None:
+            lead.waiting.end()
+        return batch, waited
 
     def _stop_reason(self) -> str:
         if self.stop.is_set():

@@ -6,6 +6,9 @@ Guarantees:
   and the thread only runs ahead by one).
 - ``get`` reports the seconds the caller waited (the trainer's idle time).
 - All consumer access goes through ``consumer.lock``, so a checkpoint sees a consistent state.
+- :class:`WaitSignal`: while the trainer waits for a batch, ``control/TRAINER_WAITING`` says so, and
+  rollout nodes seal their open shards at once (the step's last groups do not sit out
+  ``spool.shard_max_age_s``).
 - Batches are filtered at the version that will train them: ``version(outstanding)`` is asked with
   ``outstanding`` True while a batch handed out by ``get`` has not finished its step
   (:meth:`step_finished`), since a batch built then trains after that step.
@@ -13,11 +16,17 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
 
+from hpc.paths import RunPaths
+from hpc.records import TrainerWaiting, clear_trainer_waiting, write_trainer_waiting
 from train_node.trainer.consumer import Batch, Consumer
+
+log = logging.getLogger("spoolrl.trainer")
 
 
 class BatchSource:
@@ -106,3 +115,36 @@ class BatchSource:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+
+class WaitSignal:
+    """``control/TRAINER_WAITING`` (:class:`hpc.records.TrainerWaiting`) while the trainer waits for a batch:
+    written once when a wait begins (however many idle rounds it lasts), removed when a batch is handed out and
+    when the trainer closes. One left by a trainer that died is removed when the next one starts; until then the
+    nodes seal every group at once, which costs shards, not correctness. A failed write is logged: the nodes then
+    seal by age, as without the signal."""
+
+    def __init__(self, paths: RunPaths, generation: int) -> None:
+        self.paths, self.generation = paths, generation
+        self.on = False
+        with contextlib.suppress(OSError):
+            clear_trainer_waiting(paths)  # a dead predecessor's
+
+    def begin(self, step: int, policy_version: int) -> None:
+        """The trainer is blocked waiting for the samples of ``step`` (trained at ``policy_version``)."""
+        if self.on:
+            return
+        record = TrainerWaiting(step=step, policy_version=policy_version, generation=self.generation, since=time.time())
+        try:
+            write_trainer_waiting(self.paths, record)
+        except OSError as exc:
+            log.warning("cannot write %s (%s): rollout nodes seal their shards by age", self.paths.trainer_waiting, exc)
+            return
+        self.on = True
+
+    def end(self) -> None:
+        """The wait is over (a batch came, or the trainer stops)."""
+        if self.on:
+            self.on = False
+            with contextlib.suppress(OSError):
+                clear_trainer_waiting(self.paths)
