@@ -222,17 +222,19 @@ def _mean(values: list[float]) -> float | None:
 
 
 def version_rewards(steps: list[dict[str, Any]]) -> tuple[dict[int, float], int]:
-    """Each policy version's reward, that of the batch drawn from it: step s trains at version s - 1
-    (``trainer.publish_every`` 1, the demo's) on samples ``staleness`` old. Also how many steps mixed sample ages
-    (none when the lag is forced; such a step names no one version)."""
-    rewards, mixed = {}, 0
+    """Each policy version's reward, that of the batches drawn from it: step s trains at version s - 1
+    (``trainer.publish_every`` 1, the demo's) on samples ``staleness`` old (with a lag k the initial model draws
+    the first k + 1 batches: their mean). Also how many steps mixed sample ages (none when the lag is forced; such
+    a step names no one version)."""
+    drawn: dict[int, list[float]] = {}
+    mixed = 0
     for r in steps:
         ages = [int(a) for a in (r.get("staleness_hist") or {})]
         if len(ages) != 1:
             mixed += 1
             continue
-        rewards[int(r["step"]) - 1 - ages[0]] = float(r["reward_mean"])
-    return rewards, mixed
+        drawn.setdefault(int(r["step"]) - 1 - ages[0], []).append(float(r["reward_mean"]))
+    return {v: sum(xs) / len(xs) for v, xs in drawn.items()}, mixed
 
 
 def compared(horizon: int) -> int:
