@@ -23,7 +23,20 @@ start and its last step. Overlap can only speed a run up by filling idle cores: 
 arm that keeps the host busy a fraction b of the time can run at most 1/b faster (``overlap_bound``), whatever
 runs beside what.
 
+``--staleness`` runs the forced-staleness arms instead (issue 34): the synchronous regime above (one step's
+tasks outstanding, no prefetch) with every batch exactly k = 0, 1, 2, 4 versions old (``--lags``), with and
+without the importance weight (k = 0 only with it: on-policy the weight is 1), ``--seeds`` each. Each arm is a
+``scripts/stale_demo.py`` run: the inference servers load ``LATEST - k``, so a step trained at version v samples
+version v - k, and ``algorithm.max_staleness`` = k drops nothing (``stale_demo.py`` says how it is injected; the
+library has no knob for it). Equal sample counts: policy version n was trained on n batches in every arm, and its
+reward is that of the batch drawn from it (the step ``n + k + 1``), so an arm of lag k runs ``--steps`` + k steps
+and every arm measures versions 0 .. ``--steps`` - 1. Printed per arm: the reward of its first and last
+:data:`VERSIONS_COMPARED` versions (half of them below 6), the staleness histogram, ``ratio_dev`` (mean |pi/mu - 1| per token),
+the share truncated at ``tis_cap`` and the mean weight over its stale steps; then a table over seeds and one JSON
+summary line.
+
     .venv/bin/python scripts/bench_learning.py [--steps 40] [--seed 0] [--out DIR [--reuse]] [key=value ...]
+    .venv/bin/python scripts/bench_learning.py --staleness [--steps 40] [--seeds 0,1] [--lags 0,1,2,4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +62,8 @@ from hpc.metrics import read_metrics  # noqa: E402
 TARGET = 0.8
 WINDOW = 3
 CPU_EVERY_S = 0.5
+VERSIONS_COMPARED = 3  # the staleness arms compare each arm's first and last 3 policy versions (fewer: half)
+DEMO = (sys.executable, "-m", "hpc.cli", "demo")
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -109,6 +125,36 @@ def arm_overrides(seed: int, groups_per_step: int, extra: list[str]) -> dict[str
     return {"async": [*common, *async_overrides(groups_per_step)], "sync": [*common, *sync_overrides(groups_per_step)]}
 
 
+@dataclass(frozen=True)
+class StaleArm:
+    """One forced-staleness arm: every batch ``lag`` versions old, with or without the importance weight."""
+
+    lag: int
+    is_weight: bool
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"lag{self.lag}-{'is' if self.is_weight else 'nois'}-seed{self.seed}"
+
+    def overrides(self, groups_per_step: int, extra: list[str]) -> list[str]:
+        """The synchronous regime, staleness limit ``lag`` (nothing dropped) and ``lag`` + 1 versions kept."""
+        return [f"run.seed={self.seed}", f"algorithm.groups_per_step={groups_per_step}", *extra,
+                f"trainer.max_tasks_outstanding={groups_per_step}", "trainer.prefetch=false",
+                f"algorithm.max_staleness={self.lag}", f"trainer.keep_policies={max(3, self.lag + 2)}"]
+
+    def launcher(self) -> tuple[str, ...]:
+        return (sys.executable, str(ROOT / "scripts" / "stale_demo.py"), "--lag", str(self.lag),
+                *(() if self.is_weight else ("--no-is-weight",)), "--")
+
+
+def stale_arms(seeds: list[int], lags: list[int]) -> list[StaleArm]:
+    """Every lag with and without the weight (lag 0 only with it), each over every seed, in the order they run
+    (an arm's seeds one after the other: a bench stopped early has whole arms)."""
+    return [StaleArm(lag, is_weight, seed) for lag in lags for is_weight in (True, False) for seed in seeds
+            if lag or is_weight]
+
+
 def check_arms(arms: dict[str, list[str]], steps: int) -> None:
     """Both arms' configs, validated as the demo will, before the first ~12-minute arm starts."""
     from hpc.cli.demo_run import DEMO_OVERRIDES
@@ -150,13 +196,15 @@ def arm_figures(run: Path) -> dict[str, Any]:
     }
 
 
-def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool = False) -> dict[str, Any]:
+def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool = False,
+            launcher: tuple[str, ...] = DEMO) -> dict[str, Any]:
+    """One arm's demo run (``launcher`` + its arguments: ``spoolrl demo``, or :mod:`stale_demo`); its figures."""
     run = out / name
     if reuse and (run / "run.yaml").is_file() and arm_figures(run)["steps"] >= steps:
         figures = {"arm": name, "run": str(run), "reused": True, **arm_figures(run)}
         print(json.dumps(figures), flush=True)
         return figures
-    cmd = [sys.executable, "-m", "hpc.cli", "demo", "--out", str(run), "--steps", str(steps), *overrides]
+    cmd = [*launcher, "--out", str(run), "--steps", str(steps), *overrides]
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     cpu_log_of(run).unlink(missing_ok=True)
@@ -169,6 +217,94 @@ def run_arm(name: str, out: Path, steps: int, overrides: list[str], reuse: bool 
     return figures
 
 
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def version_rewards(steps: list[dict[str, Any]]) -> tuple[dict[int, float], int]:
+    """Each policy version's reward, that of the batches drawn from it: step s trains at version s - 1
+    (``trainer.publish_every`` 1, the demo's) on samples ``staleness`` old (with a lag k the initial model draws
+    the first k + 1 batches: their mean). Also how many steps mixed sample ages (none when the lag is forced; such
+    a step names no one version)."""
+    drawn: dict[int, list[float]] = {}
+    mixed = 0
+    for r in steps:
+        ages = [int(a) for a in (r.get("staleness_hist") or {})]
+        if len(ages) != 1:
+            mixed += 1
+            continue
+        drawn.setdefault(int(r["step"]) - 1 - ages[0], []).append(float(r["reward_mean"]))
+    return {v: sum(xs) / len(xs) for v, xs in drawn.items()}, mixed
+
+
+def compared(horizon: int) -> int:
+    """How many first and last versions are compared: :data:`VERSIONS_COMPARED`, at most half the horizon."""
+    return min(VERSIONS_COMPARED, max(1, horizon // 2))
+
+
+def stale_figures(run: Path, arm: StaleArm, horizon: int) -> dict[str, Any]:
+    """The arm's reward per policy version 0 .. horizon - 1 and the off-policy statistics of its steps at the
+    full lag (step > lag: earlier steps sample the initial model, fewer versions behind)."""
+    steps = sorted(read_metrics(run, "train_step"), key=lambda r: int(r["step"]))
+    rewards, mixed = version_rewards(steps)
+    measured = [rewards.get(v) for v in range(horizon)]
+    known = [x for x in measured if x is not None]
+    hist: dict[str, int] = {}
+    for r in steps:
+        for age, n in (r.get("staleness_hist") or {}).items():
+            hist[str(age)] = hist.get(str(age), 0) + int(n)
+    full = [r for r in steps if int(r["step"]) > arm.lag]
+    return {"lag": arm.lag, "is_weight": arm.is_weight, "seed": arm.seed, "versions_measured": len(known),
+            "reward_by_version": [None if x is None else round(x, 3) for x in measured],
+            "reward_first": _mean(known[:compared(horizon)]), "reward_last": _mean(known[-compared(horizon):]),
+            "staleness_hist": hist, "mixed_steps": mixed,
+            **{key: _mean([float(r[key]) for r in full]) for key in ("ratio_dev", "truncated_fraction", "weight_mean")}}
+
+
+def stale_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (lag, weight): the reward of the first and last versions, per seed and their mean, and the mean
+    off-policy statistics."""
+    cells: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["lag"], r["is_weight"]), []).append(r)
+    table = []
+    for (lag, is_weight), rs in sorted(cells.items(), key=lambda c: (c[0][0], not c[0][1])):
+        last = [r["reward_last"] for r in rs if r["reward_last"] is not None]
+        table.append({"lag": lag, "is_weight": is_weight, "seeds": [r["seed"] for r in rs],
+                      "reward_last_by_seed": last, "reward_last": _mean(last),
+                      "reward_first": _mean([r["reward_first"] for r in rs if r["reward_first"] is not None]),
+                      **{key: _mean([r[key] for r in rs if r[key] is not None])
+                         for key in ("ratio_dev", "truncated_fraction", "weight_mean")}})
+    return table
+
+
+def run_staleness(args: argparse.Namespace, out: Path) -> int:
+    """The forced-staleness arms (module docstring), then the table and one JSON summary line."""
+    arms = stale_arms(args.seeds, args.lags)
+    check_arms({a.name: a.overrides(args.groups_per_step, args.overrides) for a in arms}, args.steps + max(args.lags))
+    rows = []
+    for arm in arms:
+        run_arm(arm.name, out, args.steps + arm.lag, arm.overrides(args.groups_per_step, args.overrides),
+                args.reuse, arm.launcher())
+        rows.append({"arm": arm.name, **stale_figures(out / arm.name, arm, args.steps)})
+        print(json.dumps(rows[-1]), flush=True)
+    table = stale_table(rows)
+    n = compared(args.steps)
+    print(f"reward of policy versions 0..{n - 1} -> {args.steps - n}..{args.steps - 1} (each trained on as many "
+          f"samples in every arm), seeds {args.seeds}:", file=sys.stderr)
+    for c in table:
+        print(f"  lag {c['lag']} {'IS    ' if c['is_weight'] else 'no IS '} reward {c['reward_first']} -> "
+              f"{c['reward_last']} {c['reward_last_by_seed']}  ratio_dev {c['ratio_dev']}  truncated "
+              f"{c['truncated_fraction']}  weight {c['weight_mean']}", file=sys.stderr)
+    print(json.dumps({"bench": "learning_staleness", "versions": args.steps, "compared": n,
+                      "groups_per_step": args.groups_per_step, "table": table}))
+    return 0
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="trainer steps per arm (default 40, the demo's)")
@@ -178,10 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="an arm whose directory under --out already holds a finished run of --steps steps is "
                         "read, not run again (to finish a bench that stopped in its second arm)")
-    parser.add_argument("overrides", nargs="*", help="extra config overrides for both arms")
+    parser.add_argument("--staleness", action="store_true",
+                        help="run the forced-staleness arms instead of async vs sync (--steps: policy versions "
+                        "compared; an arm of lag k runs --steps + k steps)")
+    parser.add_argument("--seeds", type=_ints, default=[0, 1], help="--staleness: seeds, comma-separated (0,1)")
+    parser.add_argument("--lags", type=_ints, default=[0, 1, 2, 4], help="--staleness: lags, comma-separated")
+    parser.add_argument("overrides", nargs="*", help="extra config overrides for every arm")
     args = parser.parse_args(argv)
     if args.reuse and not args.out:
         parser.error("--reuse reads earlier arms from --out DIR: give --out")
+    if args.staleness:
+        if min(args.lags, default=-1) < 0 or args.steps < 2:
+            parser.error("--staleness needs lags >= 0 and --steps >= 2")
+        return run_staleness(args, args.out or Path(tempfile.mkdtemp(prefix="bench-staleness-")))
     overrides = arm_overrides(args.seed, args.groups_per_step, args.overrides)
     check_arms(overrides, args.steps)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-"))

