@@ -9,6 +9,7 @@ the same engine then runs :func:`nonfinite_worker.guard_sequence` and each rank 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -64,10 +65,15 @@ def main() -> None:
     if len(sys.argv) > 4:
         log = guard_sequence(engine, lambda: plan_step(samples(), engine.world, mbt).per_rank[engine.rank])
         Path(f"{sys.argv[4]}.{engine.rank}.json").write_text(json.dumps(log))
-    # Tear gloo down before the interpreter does: a rank that exits with the group alive can abort
-    # in gloo's destructor ("terminate called without an active exception", seen once in CI).
+    # Tear gloo down before the interpreter does, then leave without running C++ destructors: a non-zero
+    # gloo rank can abort in its teardown at exit ("terminate called without an active exception", status
+    # 134; seen in CI twice, the second time after the barrier and destroy), as tests/slurm/ddp_probe.py
+    # found and fixed the same way.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
