@@ -178,8 +178,9 @@ class InferenceClient:
                    max_concurrent_per_server=cfg.max_concurrent_per_server, **kwargs)
 
     def session(self, key: str, patient: Callable[[], bool] = lambda: True) -> EpisodeSession:
-        """A sticky session for one episode; ``patient()`` False ends an outage wait (the episode is stopping,
-        the node draining: the servers going away is then no reason to hold on)."""
+        """A sticky session for one episode; while ``patient()`` is False (the episode is stopping, the node
+        draining: servers going away are then no reason to hold on) a failed request is not retried after
+        a backoff and no outage is waited out."""
         return EpisodeSession(self, key, patient)
 
     def _server(self, url: str) -> _Server:
