@@ -12,35 +12,23 @@ section."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from hpc.metrics import read_metrics
+from tests.scripts_loader import load_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.deepspeed]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_learning_real", ROOT / "scripts" / "bench_learning_real.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_learning_real", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.timeout(900)
 def test_two_steps_of_the_real_bench_through_every_part(tmp_path: Path) -> None:
     from rollout_node.agent.template import ChatTemplate
 
-    bench = _bench()
+    bench = load_script("bench_learning_real")
     model = bench.convert_model()
     info = json.loads((model / "config.json").read_text())
     assert info["architectures"] == ["LlamaForCausalLM"] and info["num_hidden_layers"] == 30

@@ -3,24 +3,17 @@ example-harness episode in a bwrap sandbox with its wall time split into LLM, ga
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from rollout_node.sandbox import bwrap_unavailable_reason
 from tests.harness.conftest import example_install
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts_loader import load_script
 
 
 def test_bench_gateway_smoke(capsys: pytest.CaptureFixture[str], tmp_path_factory: pytest.TempPathFactory) -> None:
     if why := bwrap_unavailable_reason():
         pytest.skip(why)
-    spec = importlib.util.spec_from_file_location("bench_gateway", ROOT / "scripts" / "bench_gateway.py")
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_gateway")
     result = bench.main(["--episodes", "2", "--turns", "3", "--harness-episodes", "1", "--harness-turns", "2",
                          "--harness-latency-s", "0.05", "--harness-prefix", str(example_install(tmp_path_factory))])
     assert result["direct"]["calls"] == result["gateway"]["calls"] == result["overhead"]["calls"] == 6

@@ -4,10 +4,8 @@ A wrong key in an arm used to surface only when that arm's demo started, after t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -15,21 +13,11 @@ import pytest
 
 from hpc.cli.demo_run import DEMO_OVERRIDES
 from hpc.config import load_config
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "scripts" / "bench_learning.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_learning", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts_loader import load_script
 
 
 def test_each_arm_is_a_valid_demo_config_that_sets_its_regime() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     arms = bench.arm_overrides(3, 4, ["inference.temperature=0.8"])
     assert list(arms) == ["async", "sync"]
     bench.check_arms(arms, 30)
@@ -43,13 +31,13 @@ def test_each_arm_is_a_valid_demo_config_that_sets_its_regime() -> None:
 
 
 def test_a_bad_override_stops_the_bench_before_any_arm_runs() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     with pytest.raises(SystemExit, match="(?s)async arm.s config is invalid.*rollout.max_staleness: unknown key"):
         bench.check_arms(bench.arm_overrides(0, 4, ["rollout.max_staleness=0"]), 30)
 
 
 def test_host_cpu_busy_is_the_busy_share_of_the_trainer_window() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     samples = [{"t": 100.0, "busy": 0, "total": 0}, {"t": 110.0, "busy": 50, "total": 200},
                {"t": 120.0, "busy": 230, "total": 400}, {"t": 130.0, "busy": 430, "total": 600}]
     assert bench.host_cpu_busy(samples, 110.0, 120.0) == (230 - 50) / (400 - 200)
@@ -59,7 +47,7 @@ def test_host_cpu_busy_is_the_busy_share_of_the_trainer_window() -> None:
 
 
 def test_the_cpu_sampler_reads_this_hosts_proc_stat(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     log = tmp_path / "arm.cpu.jsonl"
     deadline = time.monotonic() + 1.2
     with bench.sample_cpu(log):
@@ -72,17 +60,8 @@ def test_the_cpu_sampler_reads_this_hosts_proc_stat(tmp_path: Path) -> None:
     assert bench.cpu_log_of(tmp_path / "async") == tmp_path / "async.cpu.jsonl"
 
 
-def _stale_demo():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("stale_demo", ROOT / "scripts" / "stale_demo.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("stale_demo", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_staleness_arms_are_valid_demo_configs_with_their_lag_as_the_limit() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     arms = bench.stale_arms([0, 1], [0, 1, 2, 4])
     assert len(arms) == 14 and not any(a.lag == 0 and not a.is_weight for a in arms), "lag 0: only with the weight"
     assert [(a.lag, a.is_weight) for a in arms[:4]] == [(0, True), (0, True), (1, True), (1, True)], "seeds adjacent"
@@ -98,7 +77,7 @@ def test_staleness_arms_are_valid_demo_configs_with_their_lag_as_the_limit() -> 
 
 
 def test_each_policy_versions_reward_is_that_of_the_batch_drawn_from_it() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning")
     steps = [{"step": 1, "reward_mean": 0.1, "staleness_hist": {"0": 8}},  # version 0 (the initial model)
              {"step": 2, "reward_mean": 0.2, "staleness_hist": {"1": 8}},  # trained at v1, drawn by v0 again
              {"step": 3, "reward_mean": 0.3, "staleness_hist": {"2": 8}},  # v2 on samples of v0: lag 2 reached
@@ -114,7 +93,7 @@ def test_the_lagged_source_names_the_version_lag_behind_latest(tmp_path: Path) -
     from hpc.records import write_policy_latest
     from train_node.infer.weights import RunDirPolicySource
 
-    stale = _stale_demo()
+    stale = load_script("stale_demo")
     paths = RunPaths(tmp_path)
     source = stale.LaggedSource(RunDirPolicySource(tmp_path), 2)
     assert source.latest() is None, "nothing published: the initial model"
@@ -136,7 +115,7 @@ def test_without_the_is_weight_the_gradient_is_plain_reinforce_and_the_ratios_ar
 
     from train_node.trainer.loss import LossParams, policy_loss
 
-    stale = _stale_demo()
+    stale = load_script("stale_demo")
     torch.manual_seed(0)
     logits = torch.randn(12, requires_grad=True)
     def logp() -> torch.Tensor:  # a fresh graph for each loss

@@ -3,31 +3,18 @@ in their control key, the held-out evaluation trains nothing, and the sizing kee
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from hpc.cli.demo_run import DEMO_OVERRIDES
 from hpc.config import load_config
 from hpc.config.base import to_dict
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_learning_real", ROOT / "scripts" / "bench_learning_real.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_learning_real", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts_loader import load_script
 
 
 def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = load_script("bench_learning_real")
     args = bench.parse_args(["--k", "3", "--layers", "2"])
     model = tmp_path / "m"
     arms = {name: to_dict(load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(model, args, 10), *extra]))
@@ -55,7 +42,7 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
 
 
 def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning_real")
     args = bench.parse_args([])
     steps = bench.size_steps(30.0, 120.0, args)
     assert 3 * (steps * 30.0) + 3 * 120.0 <= args.budget_s and steps * 30.0 <= 1200
@@ -64,7 +51,7 @@ def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
 
 
 def test_a_pass_rate_of_0_or_1_before_rl_stops_the_bench() -> None:
-    bench = _bench()
+    bench = load_script("bench_learning_real")
     bench.check_learnable(0.25)
     for rate in (0.0, 1.0):
         with pytest.raises(SystemExit, match="--warm-steps"):

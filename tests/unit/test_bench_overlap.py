@@ -4,10 +4,8 @@ inference and trainer stand-ins), ``scripts/sim_overlap.py``'s validation agains
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,24 +13,15 @@ from typing import Any
 import pytest
 
 from hpc.overlap import busy_share, overlap_figures, run_intervals
+from tests.scripts_loader import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).with_name("data") / "bench_overlap_cells.json"
 SIGNAL_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_signal_cells.json"  # its "note" says what ran
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_min_capacity_bound(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _script("bench_overlap")
+    bench = load_script("bench_overlap")
     out = tmp_path / "cells.json"
     steps = 3
     assert bench.main(["--ratios", "1", "--staleness", "0", "2", "--parallel", "2", "--steps", str(steps),
@@ -75,7 +64,7 @@ def test_the_model_reproduces_the_measured_bench_cells() -> None:
     on the 2 cores) meets it in 17 of 20 cells replaying each cell's own measurements; the other three (ratio 2
     at staleness 1 and 2, ratio 0.5 at 4) are 11-18 % off, the model faster: this asserts what was met, so a
     model change that loses it fails."""
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     checks = sim.validate(json.loads(FIXTURE.read_text()), reps=4)
     assert len(checks) == 20
     within = [c for c in checks if abs(c["error"]) <= 0.10]
@@ -93,7 +82,7 @@ def test_the_model_reproduces_the_bench_with_the_trainer_waiting_signal() -> Non
     6,244 samples/h with the signal and 3,665 without it (a step waited for its node to drain); the model, told
     which, reproduces the first within 10 % and the second within 11 % (-10.7 %), and the same gap. The ten
     cells at the bench's 0.2 s shard age and a measured ratio of 0.8-1.2 are within 10 %."""
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     with_signal, without, ratio_one = json.loads(SIGNAL_FIXTURE.read_text())["runs"]
     assert with_signal["shape"]["trainer_signal"] and not without["shape"]["trainer_signal"]
     (on,), (off,) = sim.validate(with_signal, reps=4), sim.validate(without, reps=4)
@@ -114,7 +103,7 @@ def _one_group_sim(sim: ModuleType, age: float, signal: bool = False) -> Any:
 def test_the_model_seals_a_shard_by_age_while_the_node_is_busy() -> None:
     """A complete group waits for its shard's seal while its node has more in flight (the age thread), and is
     sealed at once when the node has nothing left: a longer spool.shard_max_age_s delays the trainer."""
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     fast, slow = _one_group_sim(sim, 0.1).run(), _one_group_sim(sim, 2.0).run()
     assert slow["trainer_idle"] > fast["trainer_idle"] + 0.05, (fast, slow)
     assert slow["samples_per_hour"] < 0.9 * fast["samples_per_hour"], (fast, slow)
@@ -130,7 +119,7 @@ def test_the_model_seals_a_shard_by_age_while_the_node_is_busy() -> None:
 def test_the_model_seals_at_once_when_the_nodes_see_the_trainer_waiting() -> None:
     """With control/TRAINER_WAITING the long shard age no longer delays the trainer: a node seals its open shard
     at its next control poll after the trainer starts waiting, and every group it writes while the trainer waits."""
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     fast, slow, signalled = (_one_group_sim(sim, 0.1).run(), _one_group_sim(sim, 2.0).run(),
                              _one_group_sim(sim, 2.0, signal=True).run())
     assert signalled["samples_per_hour"] > 1.1 * slow["samples_per_hour"], (slow, signalled)
@@ -150,7 +139,7 @@ def test_the_model_seals_at_once_when_the_nodes_see_the_trainer_waiting() -> Non
 
 
 def test_the_model_scales_rollout_nodes_and_drops_what_is_too_stale() -> None:
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     dists, _ = sim.from_bench(json.loads(FIXTURE.read_text()))
     cells = sim.node_scaling(dists, reps=2, nodes=[1, 16], node=sim.SimShape(steps=12, warm_steps=2))
     assert cells[1]["efficiency"] >= 0.9, cells
@@ -197,7 +186,7 @@ def test_the_report_shows_the_idle_figures_of_the_run(tmp_path: Path) -> None:
 
 
 def test_the_model_runs_a_groups_shared_diff_once_and_its_sibling_waits_for_it() -> None:
-    sim = _script("sim_overlap")
+    sim = load_script("sim_overlap")
     shape = sim.SimShape(group_size=2, means={"init": 0.1, "run": 1.0, "eval": 0.5}, eval_dedup=True)
     model = sim.Sim(shape, sim.Dists(stage={s: [1.0] for s in sim.STAGES}, step=[1.0]), 1, seed=0)
     group = sim._Group(task=0, left=2)
