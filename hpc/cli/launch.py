@@ -2,8 +2,9 @@
 
 Each verb is a thin face over :mod:`hpc.cli.api` (the Python API: ``Run``, ``Submission``): one code path.
 
-Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments and
-touch nothing; ``launch`` checks the config, its paths and that ``sbatch`` is on PATH before it creates
+Guarantees: ``render`` and ``launch --dry-run`` print the same bytes for the same arguments; ``launch
+--dry-run`` touches nothing, ``render`` creates only ``RUN/logs/`` (the job's ``#SBATCH --output`` points
+there, and Slurm creates no directory) and the ``-o`` file; ``launch`` checks the config, its paths and that ``sbatch`` is on PATH before it creates
 the run directory (the one ``init`` code path), submits, prints the job id and the run path, and
 returns; a RUN left by a launch whose submission failed (no job recorded, same config) is launched
 again, not refused; nothing here waits for a job to finish.

@@ -20,6 +20,8 @@ The checks (each names its bound in its detail):
   episode directory left in scratch, no open task or shard claim in either run's spool.
 - ``advantages``: every ledger row of a non-trainable trajectory (infrastructure faults included) is
   ``dropped`` with its status as the reason; none is ``trained``.
+- ``chaos``: the soak did what it claims: each role SIGKILLed at least once and the whole run stopped and
+  resumed exactly once.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
-from scripts.chaos.harness import RUNDOWN_BOUND_S
+from scripts.chaos.harness import KILL_NAME, ROLES, RUNDOWN_BOUND_S
 from scripts.chaos.observe import ZOMBIE_BOUND_S
 from scripts.chaos.procs import ancestors, process_table
 
@@ -137,6 +139,13 @@ def check_leaks(found: dict[str, list[str]], zombie_longest_s: float) -> Check:
     return Check("leaks", ok, {**{k: v[:10] for k, v in found.items()}, "zombie_longest_s": round(zombie_longest_s, 1)})
 
 
+def check_chaos(kills: dict[str, dict[str, int]], resumes: int) -> Check:
+    """``kills``: role -> phase -> count, as :meth:`Harness.kills_by_role` gives them."""
+    names = [KILL_NAME.get(r, r) for r in ROLES]
+    never = [n for n in names if not sum(kills.get(n, {}).values())]
+    return Check("chaos", not never and resumes == 1, {"never_killed": never, "whole_run_resumes": resumes})
+
+
 # --- gathering ---------------------------------------------------------------------------------------------
 
 
@@ -217,4 +226,5 @@ def audit(h: Harness, client: ProcessClient, rundown: dict[str, Any]) -> list[Ch
             check_wait(h.waits.longest, len(h.metrics.of("train_step"))),
             check_run_down(rundown["trainer_exit"], rundown["after_trainer_s"]),
             check_leaks(find_leaks(h), h.zombies.worst),
-            check_advantages(ledger, {t.trajectory_id: t.status for _, t in rows})]
+            check_advantages(ledger, {t.trajectory_id: t.status for _, t in rows}),
+            check_chaos(h.kills_by_role(), h.resumes)]

@@ -2,9 +2,10 @@
 the wire format alone (no spoolrl client code), so a broken answer cannot be hidden by shared code.
 
 Guarantees: every call's outcome is recorded once: ``result:<status>``, ``error:<http code>`` (a named
-failure: the body says why), ``dropped:<exception>`` (the connection dropped: its server was killed)
-or ``hung`` (no answer within ``service.timeout_s`` + 60 s); ``unnamed:<code>`` marks an error
-without a reason (a failed check).
+failure: the body says why), ``dropped:<exception>`` (the connection dropped and the rollout-server that
+took the call went away: SIGKILLed, stopped with the whole run, or replaced) or ``hung`` (no answer within
+``service.timeout_s`` + 60 s); ``unnamed:<code>`` marks an error without a reason and
+``unnamed:dropped:<exception>`` a connection dropped while that server lived on (failed checks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from scripts.chaos.harness import Harness
 
 SERVICE_TIMEOUT_S = 120
+DROP_WAIT_S = 5.0  # a killed server is marked killed before its signal; a replaced one shows a new incarnation
+STOP_DROP_WAIT_S = 65.0  # during the whole-run stop the server exits within its SIGTERM grace (harness.STOP_GRACE_S)
 PROCESS_INSTANCE = "spoolrl__intervals-1"
 
 
@@ -48,9 +51,12 @@ class ProcessClient:
             n += 1
             job = f"soak-{n}"
             body = {"instance": self.instance, "job_id": job, "sampling_params": {"max_iterations": 2}}
+            incarnation = self.harness.roles["raas"].starts
             self.in_flight = True
             outcome = self.call(*server, body)
             self.in_flight = False
+            if outcome.startswith("dropped:"):
+                outcome = attributed_drop(outcome, self.server_went_away(incarnation))
             self.outcomes.setdefault(job, []).append(outcome)
             if not outcome.startswith("result:"):
                 time.sleep(2.0)  # a client backs off after a failure (and a killed server needs a moment)
@@ -68,6 +74,17 @@ class ProcessClient:
             return f"result:{answer['status']}"
         named = isinstance(answer, dict) and any(answer.get(k) for k in ("detail", "error", "message"))
         return f"error:{code}" if named else f"unnamed:{code}"
+
+    def server_went_away(self, incarnation: int) -> bool:
+        """The rollout-server incarnation that took the call was killed, has exited or was replaced (waiting a
+        little, and through the whole-run stop's grace while the run stops)."""
+        role = self.harness.roles["raas"]
+        deadline = now() + (STOP_DROP_WAIT_S if self.harness.paused else DROP_WAIT_S)
+        while role.starts == incarnation and not role.killed and role.alive():
+            if now() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def server(self) -> tuple[str, str] | None:
         """(url, token) of the current rollout-server incarnation, once it announced itself."""
@@ -101,6 +118,12 @@ class ProcessClient:
             return False
         self.backend = want if code == 200 else None
         return code == 200
+
+
+def attributed_drop(outcome: str, server_went_away: bool) -> str:
+    """A dropped connection is a named failure (the server's death) only if the server that took the call went
+    away; a drop from a server that lived on is a failure without a reason."""
+    return outcome if server_went_away else f"unnamed:{outcome}"
 
 
 def http(url: str, path: str, body: Any, token: str, timeout_s: float) -> tuple[int, Any]:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SPOOLRL = [sys.executable, "-m", "hpc.cli"]
 ROLES = ("infer", "trainer", "rollout", "raas")
+KILL_NAME = {"infer": "infer-server"}  # the infer role's kills hit its engine process; the node restarts it
 RUNDOWN_BOUND_S = 60.0
 STOP_GRACE_S = 60.0  # SIGTERM, then SIGKILL: a time limit's KillWait
 # the rollout-server beside the run has a secret of its own: it reaches the run's inference server as a
@@ -53,6 +54,7 @@ class Harness:
         self.roles: dict[str, Role] = {}
         self.fault_plan: list[str] = []
         self.paused = False
+        self.resumes = 0
         self.t0 = now()
         self.metrics = MetricsTail(self.run)
         self.reloads = Reloads()
@@ -71,6 +73,11 @@ class Harness:
     def count_kill(self, role: str, phase: str, **fields: Any) -> None:
         self.kills[(role, phase)] += 1
         self.event("kill", role=role, phase=phase, **fields)
+
+    def unkilled(self) -> list[str]:
+        """The roles (names of ROLES) the soak has not SIGKILLed yet."""
+        killed = {role for role, _ in self.kills}
+        return [r for r in ROLES if KILL_NAME.get(r, r) not in killed]
 
     def kills_by_role(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -122,6 +129,9 @@ class Harness:
         self.waits.observe(self.trainer_started(), ready_shards(self.run), t)
         self.zombies.observe([pid for r in self.roles.values() if (pid := r.pid()) is not None], t)
 
+    def all_alive(self) -> bool:
+        return all(r.alive() for r in self.roles.values())
+
     def trainer_started(self) -> bool:
         """The current trainer incarnation is alive and logged ``trainer_start`` (setup done)."""
         role = self.roles["trainer"]
@@ -164,6 +174,7 @@ class Harness:
         for name in ROLES:
             self.start_role(name)
         self.paused = False
+        self.resumes += 1
         self.event("run_resumed")
 
     def kill_everything(self) -> None:

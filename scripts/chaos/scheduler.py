@@ -16,6 +16,8 @@ Kill moments and targets are drawn from the seed (each role at least once, about
 
 A wait that finds no phase in time kills anyway (phase ``any``, or ``serving``); no wait runs past
 the window's end (by more than a second). Once per soak, at a drawn moment, the whole run is stopped and resumed.
+What a long phase wait pushed past the window still happens right after it: a kill of each role not killed
+yet (no phase wait) and the whole-run stop and resume, so every soak kills each role and resumes once.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Chaos:
 
     def kill(self, target: str) -> None:
         in_phase = target not in self.killed_before or self.h.rng.random() < 0.5
+        self.kill_in(target, in_phase)
+
+    def kill_in(self, target: str, in_phase: bool) -> None:
         self.killed_before.add(target)
         if target == "infer":
             self.kill_infer_server(in_phase)
@@ -149,3 +154,16 @@ def run_chaos(h: Harness, client: ProcessClient, window_s: float) -> None:
             h.stop_all("once per soak: a new allocation")
             h.resume_all()
         time.sleep(0.5)
+    finish_chaos(h, chaos, resume_pending=resume_at is not None)
+
+
+def finish_chaos(h: Harness, chaos: Chaos, resume_pending: bool) -> None:
+    """After the window, what a phase wait pushed past it: each role not killed yet is killed at once (no phase
+    wait) and comes back; the whole-run stop and resume if its moment was missed."""
+    for target in h.unkilled():
+        h.event("late_kill", role=target, why="a phase wait ran past this kill's moment")
+        chaos.kill_in(target, in_phase=False)
+        h.wait_for(h.all_alive, 60.0)
+    if resume_pending:
+        h.stop_all("once per soak: a new allocation (after the window: a phase wait ran past its moment)")
+        h.resume_all()

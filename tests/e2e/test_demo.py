@@ -1,5 +1,5 @@
-"""``spoolrl demo`` end to end on this machine: real engine, real bwrap sandboxes, real DeepSpeed, run the way
-the README's quick start runs it, by an unprivileged user (issue 38).
+"""The quick start end to end on this machine: ``scripts/demo.sh`` (real engine, real bwrap sandboxes, real
+DeepSpeed), run as the README's quick start runs it, by an unprivileged user (issue 38).
 
 When the suite runs as root, every command runs as the CI user ``$SPOOLRL_CI_USER`` in the fresh HOME where
 ``scripts/build_image.sh`` built the sandbox image without root (the ``rootless_home`` session fixture, shared
@@ -7,6 +7,9 @@ with tests/sandbox/test_rootless_image.py): the demo finds that image, its bwrap
 and the run directory is that user's. Otherwise the current user (then unprivileged anyway) runs them. The
 warm-started tiny model is the one cached piece the CI user does not make itself: it is copied from this
 suite's content-keyed cache into the user's, where the demo looks it up (fitting it again costs minutes).
+``scripts/demo.sh`` is given the suite's venv (``SPOOLRL_VENV``): its steps run as that user (the system
+packages named, not installed; the venv found set up, nothing installed; the image found built), then it
+execs the venv's ``spoolrl demo``.
 
 The demo is stopped mid-run (SIGTERM with SIGINT ignored, as ``kill`` stops a shell's background job; it must
 act as Ctrl-C does and leave no process behind) and continued with ``--resume``; then the demo's printed next
@@ -40,6 +43,8 @@ from tests.unprivileged import CI_USER, CiUser, RootlessHome
 # the setup may build the rootless image (the session's first user of it) before the demo's own ~6 minutes
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.deepspeed, pytest.mark.timeout(900)]
 SPOOLRL = str(Path(sys.executable).with_name("spoolrl"))  # the venv's command, as scripts/demo.sh runs it
+VENV = str(Path(SPOOLRL).parents[1])
+DEMO_SH = str(Path(__file__).resolve().parents[2] / "scripts" / "demo.sh")
 
 
 def _last_step(run: Path) -> int:
@@ -93,9 +98,9 @@ class Quickstart:
     owner: int
     started: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def start(self, *args: str, **streams: Any) -> subprocess.Popen[str]:
-        """``spoolrl ARGS`` in a session of its own (so the teardown can kill all it started)."""
-        proc = subprocess.Popen([SPOOLRL, *args], text=True, start_new_session=True, **self.kwargs, **streams)
+    def start(self, *args: str, program: str = SPOOLRL, **streams: Any) -> subprocess.Popen[str]:
+        """``spoolrl ARGS`` (or ``program ARGS``) in a session of its own (so the teardown can kill all it started)."""
+        proc = subprocess.Popen([program, *args], text=True, start_new_session=True, **self.kwargs, **streams)
         self.started.append(proc)
         return proc
 
@@ -138,7 +143,7 @@ def seed_demo_model(user: CiUser) -> None:
 
 @pytest.fixture
 def quickstart(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Quickstart]:
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", "SPOOLRL_VENV": VENV}
     if os.geteuid() == 0:
         home: RootlessHome = request.getfixturevalue("rootless_home")
         build = home.build
@@ -157,8 +162,9 @@ def quickstart(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Quick
 
 def test_demo_interrupt_resume_and_report(quickstart: Quickstart) -> None:
     run = quickstart.run
-    # started with SIGINT ignored, as a shell's background job is: SIGTERM (kill, timeout) must stop it as Ctrl-C does
-    first = quickstart.start("demo", "--out", str(run), "--steps", "6", "trainer.checkpoint_every=2",
+    # the quick start's command, started with SIGINT ignored, as a shell's background job is: SIGTERM (kill,
+    # timeout) must stop it as Ctrl-C does (demo.sh execs spoolrl demo, which inherits the ignored SIGINT)
+    first = quickstart.start("--out", str(run), "--steps", "6", "trainer.checkpoint_every=2", program=DEMO_SH,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 420
@@ -170,6 +176,7 @@ def test_demo_interrupt_resume_and_report(quickstart: Quickstart) -> None:
     first.send_signal(signal.SIGTERM)
     out1, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out1
+    assert "setup_env: installing" not in out1 and "build_image: " in out1, out1  # demo.sh's steps ran, as that user
     resume = _printed_command(out1, "continue with: ")
     assert resume == ["demo", "--resume", str(run)], out1
     left = _processes_of(run)  # the roles and the inference server they started are gone, none orphaned

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.deepspeed, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = {"tasks", "process_calls", "reloads", "trainer_wait", "run_down", "leaks", "advantages"}
+CHECKS = {"tasks", "process_calls", "reloads", "trainer_wait", "run_down", "leaks", "advantages", "chaos"}
 
 
 def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The README stays true: its configuration reference is the one generated from the config dataclasses,
-every ``spoolrl`` command it (and docs/inference.md) shows parses, its shell blocks run in their checkable
-form (validate, render, launch --dry-run), and the shipped example configs validate."""
+every ``spoolrl`` command it (and docs/inference.md) shows parses, every ``scripts/...`` command it shows
+names a script that defines its flags, its shell blocks run in their checkable form (validate, render,
+launch --dry-run), and the shipped example configs validate."""
 
 from __future__ import annotations
 
@@ -90,6 +91,33 @@ def test_every_inline_command_parses(doc: Path) -> None:
     assert checked >= (20 if doc == README else 1)
 
 
+SCRIPT = re.compile(r"(scripts/\w+\.(?:py|sh))(.*)", flags=re.S)
+
+
+def _script_spans(text: str) -> list[tuple[str, str]]:
+    """(script, what follows it) of every inline code span and indented code line naming ``scripts/NAME.py|sh``
+    (fenced blocks left out: the test below checks their lines)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    spans = re.findall(r"`([^`]*)`", text) + re.findall(r"^ {4}(.*scripts/.*)$", text, flags=re.M)
+    return [(m.group(1), m.group(2)) for span in spans if (m := SCRIPT.search(span))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_script_command_names_a_script_that_takes_its_flags(doc: Path) -> None:
+    """An inline ``scripts/NAME ARGS`` span: the script exists and defines every ``--flag`` the span shows."""
+    spans = _script_spans(doc.read_text())
+    for script, args in spans:
+        path = README.parent / script
+        assert path.is_file(), f"{doc.name}: {script} does not exist"
+        text = path.read_text()
+        unknown = [f for f in re.findall(r"--[a-z][\w-]*", args) if not re.search(re.escape(f) + r"(?![\w-])", text)]
+        assert not unknown, f"{doc.name}: {script}{args} shows flags {script} does not define: {unknown}"
+    assert spans
+
+
+CLUSTER_FS = "/shared/"  # the README's shared filesystem
+
+
 def _fenced_shell_lines(text: str) -> list[str]:
     blocks = re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, flags=re.S)
     return [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
@@ -113,11 +141,13 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 def test_the_fenced_commands_run_in_their_checkable_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Each README shell line: a script exists; ``cp`` copies from the repository; ``validate`` and
-    ``render`` run (paths named as on the cluster), ``launch`` as ``--dry-run``; other verbs parse."""
+    ``render`` run (paths named as on the cluster), ``launch`` as ``--dry-run``; other verbs parse.
+    A ``/shared/...`` argument (the cluster's filesystem: ``render`` creates ``RUN/logs/`` there) is taken
+    under ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     ran = []
     for line in _fenced_shell_lines(README.read_text()):
-        argv = _command(line)
+        argv = [str(tmp_path) + w if w.startswith(CLUSTER_FS) else w for w in _command(line)]
         if argv[0] == "cp":
             shutil.copy(README.parent / argv[1], tmp_path / argv[2])
         elif argv[0] != "spoolrl":
@@ -131,6 +161,7 @@ def test_the_fenced_commands_run_in_their_checkable_form(tmp_path: Path, monkeyp
             build_parser().parse_args(argv[1:])
     assert {"validate", "render", "launch"} <= set(ran)
     script = (tmp_path / "job.sbatch").read_text()
+    assert (tmp_path / "shared" / "runs" / "qwen3-8b" / "logs").is_dir()  # render made the job's log directory
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert "#SBATCH --gres=gpu:8" in script and "--mem=491520M" in script  # what the walk-through says
 

@@ -2,20 +2,30 @@
 
 The 3-minute soak (tests/e2e/test_soak.py) shows they pass on a real run; here each check is fed
 what a broken run would leave (a task trained twice, a task lost, a ``/process`` call answered twice
-or never, a reload past its bound, a long trainer wait, a role outliving the trainer, a leaked
-sandbox process, an infrastructure failure in the loss) and must fail, next to a clean case that passes.
+or never, a connection dropped by a server that lived on, a reload past its bound, a long trainer wait,
+a role outliving the trainer, a leaked sandbox process, an infrastructure failure in the loss, a role
+never killed, no whole-run resume) and must fail, next to a clean case that passes. The kill and restart
+logic runs on a harness whose roles are ``sleep`` processes.
 """
 
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hpc.records import EndpointRecord, write_endpoint
 from hpc.trajectory import Status
 from scripts.chaos import audit
-from scripts.chaos.scheduler import fault_plan, kill_plan
+from scripts.chaos import client as chaos_client
+from scripts.chaos.harness import ROLES, Harness
+from scripts.chaos.procs import now
+from scripts.chaos.scheduler import Chaos, fault_plan, finish_chaos, kill_plan
 
 
 def row(task: str, traj: str, step: int, outcome: str = "trained", reason: str = "") -> dict[str, Any]:
@@ -108,3 +118,60 @@ def test_the_plans_cover_every_role_and_both_trainer_fault_points() -> None:
         assert all(0 < t < 180 for t, _ in plan) and [t for t, _ in plan] == sorted(t for t, _ in plan)
         faults = fault_plan(random.Random(seed), 180.0)
         assert {f.split(":")[0] for f in faults[:2]} == {"checkpoint", "publish"}
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    """A soak harness whose four roles are ``sleep`` processes, all started."""
+    h = Harness(tmp_path, seed=0)
+    (tmp_path / "logs").mkdir()
+    for name in ROLES:
+        h.role(name, ["sleep", "60"])
+        h.start_role(name)
+    yield h
+    h.kill_everything()
+    for role in h.roles.values():
+        role.reap()
+
+
+def test_a_dropped_call_is_named_only_when_its_server_went_away(harness: Harness,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert chaos_client.attributed_drop("dropped:RemoteDisconnected", True) == "dropped:RemoteDisconnected"
+    unexplained = chaos_client.attributed_drop("dropped:RemoteDisconnected", False)
+    assert unexplained == "unnamed:dropped:RemoteDisconnected"
+    assert not audit.check_calls({"a": ["result:ok"], "b": [unexplained]}).ok
+    monkeypatch.setattr(chaos_client, "DROP_WAIT_S", 0.3)
+    client = chaos_client.ProcessClient(harness, {})
+    raas = harness.roles["raas"]
+    first = raas.starts
+    assert not client.server_went_away(first)  # alive, not killed, not replaced: the drop has no reason
+    raas.signal_group(signal.SIGKILL)
+    assert client.server_went_away(first)  # killed by the soak
+    raas.reap()
+    harness.start_role("raas")
+    assert client.server_went_away(first)  # replaced by a new incarnation
+    assert not client.server_went_away(raas.starts)
+
+
+def test_after_the_window_each_role_not_killed_yet_is_killed_and_the_run_resumed_once(harness: Harness) -> None:
+    engine = subprocess.Popen(["sleep", "60"])  # the inference engine its endpoint record names
+    harness.run.endpoints.mkdir(parents=True)
+    write_endpoint(harness.run.endpoints / "infer-0.json",
+                   EndpointRecord(role="infer", url="http://127.0.0.1:9", extra={"server_pid": engine.pid}))
+    harness.count_kill("rollout", "eval")  # killed in the window
+    assert audit.check_chaos(harness.kills_by_role(), 0).detail["never_killed"] == ["infer-server", "trainer", "raas"]
+    finish_chaos(harness, Chaos(harness, chaos_client.ProcessClient(harness, {}), now()), resume_pending=True)
+    assert engine.wait(timeout=10) == -signal.SIGKILL
+    kills = harness.kills_by_role()
+    assert kills == {"infer-server": {"serving": 1}, "raas": {"any": 1}, "rollout": {"eval": 1}, "trainer": {"any": 1}}
+    assert harness.resumes == 1 and harness.all_alive()
+    assert audit.check_chaos(kills, harness.resumes).ok
+
+
+@pytest.mark.parametrize(("kills", "resumes"), [
+    ({"infer-server": {"reload": 1}, "raas": {"call": 1}, "rollout": {"eval": 2}}, 1),  # the trainer never killed
+    ({"infer-server": {"reload": 1}, "raas": {"call": 1}, "rollout": {"eval": 2}, "trainer": {"publish": 1}}, 0),
+    ({"infer-server": {"reload": 1}, "raas": {"call": 1}, "rollout": {"eval": 2}, "trainer": {"publish": 1}}, 2),
+])
+def test_chaos_that_did_not_happen_fails(kills: dict[str, dict[str, int]], resumes: int) -> None:
+    assert not audit.check_chaos(kills, resumes).ok
