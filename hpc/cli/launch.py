@@ -101,7 +101,6 @@ def require_sbatch() -> None:
     """Submission needs ``sbatch`` on PATH: checked before anything is created."""
     import shutil
 
-
     if shutil.which("sbatch") is None:
         raise SlurmError("sbatch not found on PATH: run this on a Slurm login node (or scripts/local_slurm.sh up); "
                          "nothing was created. 'spoolrl render' writes the script without Slurm")
