@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -266,8 +266,6 @@ def render(config: RunConfig, run_dir: str | Path, *, source: str = "run.yaml") 
 
 def render_scale(config: RunConfig, run_dir: str | Path, num_nodes: int, *, source: str = "run.yaml") -> RenderedJob:
     """A rollout-only job of ``num_nodes`` nodes that joins a running run."""
-    from dataclasses import replace
-
     group = Group("rollout", 0, replace(config.slurm.rollout, nodes=num_nodes))
     return render_script(config, run_dir, [group], name="rollout", source=source)
 

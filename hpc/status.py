@@ -46,6 +46,7 @@ from hpc.launch import known_jobs, query_states
 from hpc.paths import RunPaths
 from hpc.records import CheckpointPointer, read_policy_latest, scan_endpoints
 from hpc.report_summary import run_summary, summary_lines
+from hpc.spool import Spool
 
 SCHEMA = 1
 MAX_FAILURES = 20
@@ -76,8 +77,6 @@ def jobs_part(paths: RunPaths) -> list[dict[str, tp.Any]]:
 def spool_part(paths: RunPaths) -> dict[str, tp.Any] | None:
     if not paths.spool.is_dir():
         return None
-    from hpc.spool import Spool  # the spool module is another engineer's; import late and tolerate it missing
-
     return dict(Spool(paths.root).stats())
 
 

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from hpc.config import load_config
+from hpc.config import RunConfig, load_config
 from hpc.paths import RunPaths
 from hpc.rundir import create_run
 from hpc.spool import Spool
@@ -79,6 +79,7 @@ from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput
 from rollout_node.pipeline.sizing import Workers
 from rollout_node.pipeline.stages import Stages
 from rollout_node.tasks import load_tasks
+from rollout_node.tasks.instance import TaskInstance
 
 TOOLS = ("ls -la", "grep -rn 'def ' --include=*.py . | head -20", "python3 -c 'import sys; print(sys.version)'",
          "git status --short")
@@ -138,13 +139,13 @@ class BenchOps(RealTaskOps):
 
     init_io_s = 0.0
 
-    def prepare(self, task: Any, workdir: Path, timeout_s: float | None = None) -> None:
+    def prepare(self, task: TaskInstance, workdir: Path, timeout_s: float | None = None) -> None:
         time.sleep(self.init_io_s)
         super().prepare(task, workdir, timeout_s)
 
 
 # ----------------------------------------------------------------------------------------- part 1
-def make_run(root: Path, name: str, episodes: int) -> tuple[RunPaths, Any]:
+def make_run(root: Path, name: str, episodes: int) -> tuple[RunPaths, RunConfig]:
     cfg = load_config(None, [
         "trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent", "rollout.policy=scripted",
         "algorithm.group_size=1", "algorithm.drop_zero_variance=false", "spool.poll_interval_s=0.05",

@@ -19,12 +19,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+if TYPE_CHECKING:
+    from hpc.config import AlgorithmConfig, TrainerConfig
+    from hpc.paths import RunPaths
+    from train_node.trainer.engine import Engine
 
 
 def parse() -> argparse.Namespace:
@@ -77,7 +82,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def make_engine(model_dir: Path, tcfg: Any, acfg: Any, *, zero_out: bool = False) -> Any:
+def make_engine(model_dir: Path, tcfg: TrainerConfig, acfg: AlgorithmConfig, *, zero_out: bool = False) -> Engine:
     from train_node.trainer.engine import Engine, load_model
 
     model = load_model(model_dir, tcfg.precision, False)
@@ -88,14 +93,14 @@ def make_engine(model_dir: Path, tcfg: Any, acfg: Any, *, zero_out: bool = False
     return Engine(model, tcfg, acfg)
 
 
-def step(engine: Any, s: list[Any], mbt: int) -> Any:
+def step(engine: Engine, s: list[Any], mbt: int) -> Any:
     from train_node.trainer.packing import plan_step
 
     plan = plan_step(s, 1, mbt)
     return engine.train_step(plan.per_rank[0]), plan
 
 
-def logprob_check(engine: Any, policy_dir: Path, a: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:
+def logprob_check(engine: Engine, policy_dir: Path, a: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:
     """Raw logprobs recorded by transformers' generate vs the trainer's packed forward on the same ids."""
     from transformers import AutoModelForCausalLM
 
@@ -125,7 +130,7 @@ def logprob_check(engine: Any, policy_dir: Path, a: argparse.Namespace, dtype: t
     return {"logprob_max_abs": float(diff.max()), "logprob_mean_abs": float(diff.mean()), "tokens": int(m.sum())}
 
 
-def export_check(engine: Any, paths: Any, model_dir: Path, dtype: torch.dtype) -> tuple[dict[str, Any], Path]:
+def export_check(engine: Engine, paths: RunPaths, model_dir: Path, dtype: torch.dtype) -> tuple[dict[str, Any], Path]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from train_node.trainer.publish import Publisher
@@ -179,7 +184,8 @@ def run_stage(stage: int, model_dir: Path, work: Path, a: argparse.Namespace) ->
     res["export"], policy_dir = export_check(engine, paths, model_dir, dtype)
     res.update(logprob_check(engine, policy_dir, a, dtype))
     t0 = time.perf_counter()
-    tag = ckpt.save(engine, paths, a.steps + 1, {"step": a.steps + 1}, [])
+    meta = ckpt.CheckpointMeta(step=a.steps + 1, parent=None, shards=[], trainer_state=ckpt.TrainerState(consumer={}))
+    tag = ckpt.save(engine, paths, a.steps + 1, meta, [])
     res["checkpoint_s"] = round(time.perf_counter() - t0, 2)
     nxt = samples(10_000, a)
     before = step(engine, nxt, cfg.trainer.micro_batch_tokens)[0].sums.loss

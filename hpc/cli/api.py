@@ -39,11 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc.config import RunConfig
-from hpc.errors import RunDirError, SpoolrlError, UsageError
+from hpc.cli.util import check_job
+from hpc.config import RunConfig, apply_overrides, config_from_dict, load_config, to_dict
+from hpc.config.checks import job_problems
+from hpc.errors import ConfigError, RunDirError, SpoolrlError, UsageError
 from hpc.launch import ACTIVE_STATES, HetSlurmJob, JobRecord, known_jobs, query_states, track
 from hpc.paths import RunPaths
 from hpc.render import RenderedJob
+from hpc.rundir import check_resume, open_run, require_run
 
 Status = dict[str, tp.Any]
 ConfigSource = str | Path | Mapping[str, tp.Any] | RunConfig | None
@@ -57,8 +60,6 @@ class RunFailed(SpoolrlError):
 def load_run_config(config: ConfigSource, overrides: Sequence[str] = ()) -> RunConfig:
     """A config file, a plain dict (a run.yaml's content) or a RunConfig, plus dotted overrides,
     validated as ``spoolrl launch --config FILE key=value ...`` validates it."""
-    from hpc.config import apply_overrides, config_from_dict, load_config, to_dict
-
     if config is None or isinstance(config, (str, Path)):
         return load_config(config, overrides)
     data = to_dict(config) if isinstance(config, RunConfig) else dict(config)
@@ -210,7 +211,6 @@ class Run:
         ``config``: a YAML file, a dict shaped like run.yaml, a RunConfig, or None (the defaults).
         ``paths_on_cluster``: the config's paths exist only on the cluster (not checked from here)."""
         from hpc.cli.run import init_run
-        from hpc.cli.util import check_job
 
         cfg = check_job(load_run_config(config, overrides), paths_on_cluster=paths_on_cluster)
         root = Path(run_dir).absolute()
@@ -222,8 +222,6 @@ class Run:
     @classmethod
     def open(cls, run_dir: str | Path) -> Run:
         """An existing run directory (its frozen run.yaml)."""
-        from hpc.rundir import open_run
-
         paths, config = open_run(Path(run_dir).absolute())
         return cls(paths, config, str(paths.run_yaml))
 
@@ -246,12 +244,8 @@ class Run:
         """Submit a new job continuing the run from its latest checkpoint and the spool (``spoolrl resume``).
 
         ``overrides`` may change only resumable keys; refused while a job of the run is active unless ``force``."""
-        from hpc.config import apply_overrides, config_from_dict, to_dict
-        from hpc.config.checks import job_problems
-        from hpc.errors import ConfigError
         from hpc.launch import active_jobs
         from hpc.render import render
-        from hpc.rundir import check_resume
 
         active = active_jobs(self.paths)
         if active and not force:
@@ -315,7 +309,6 @@ class Run:
 
 def checkpoint_rows(paths: RunPaths) -> list[dict[str, tp.Any]]:
     """The lineage of ``paths``' checkpoints, oldest first, as ``spoolrl checkpoints --json`` lists it."""
-    from hpc.rundir import require_run
     from train_node.trainer.checkpoint import lineage
 
     if not paths.checkpoints.is_dir():

@@ -46,12 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc.cli.util import check_job
 from hpc.config import RunConfig, load_config
 from hpc.errors import RecordError, SandboxError, SpoolrlError, UsageError
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from hpc.records import read_policy_latest
 from hpc.report_summary import harness_line
+from hpc.rundir import open_run
 
 # The embedded local default: small enough for 2 CPU cores, every component real.
 # model.path is filled in by demo_config: the warm-started tiny model of hpc.cli.demo_model (unless overridden).
@@ -108,8 +110,6 @@ def demo_config(steps: int, overrides: list[str]) -> RunConfig:
 
     Checked as every verb checks a run (:func:`hpc.cli.util.check_job`: the paths it reads, a model's chat
     template, the harness install) before the warm start and before anything starts: ConfigError, exit 2."""
-    from hpc.cli.util import check_job
-
     base = [*DEMO_OVERRIDES, f"trainer.total_steps={steps}"]
     config = check_job(load_config(None, [*base, *overrides]))
     if any(o.split("=", 1)[0].strip() == "model.path" for o in overrides):
@@ -279,7 +279,6 @@ def died_of(exc: BaseException) -> str:
 def prepare_run(out: Path | None, resume: Path | None, steps: int, overrides: list[str]) -> tuple[RunPaths, int]:
     """Create a fresh demo run, or reopen one to resume; returns its paths and the step target."""
     from hpc.cli.run import init_run
-    from hpc.rundir import open_run
 
     if resume is not None:
         if overrides:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpc.config import load_config
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("harness", help="install and check an agent harness for rollout.policy: harness",
@@ -45,8 +47,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from hpc.config import load_config
-
     return load_config(args.config, [])
 
 

@@ -19,7 +19,7 @@ import typing as tp
 from pathlib import Path
 
 from hpc.cli.util import add_config_args, add_run_arg, load_checked, print_json
-from hpc.errors import UsageError
+from hpc.errors import SlurmError, UsageError
 from hpc.paths import RunPaths
 
 if tp.TYPE_CHECKING:
@@ -100,8 +100,6 @@ def _launch(args: argparse.Namespace) -> int:
 def require_sbatch() -> None:
     """Submission needs ``sbatch`` on PATH: checked before anything is created."""
     import shutil
-
-    from hpc.errors import SlurmError
 
     if shutil.which("sbatch") is None:
         raise SlurmError("sbatch not found on PATH: run this on a Slurm login node (or scripts/local_slurm.sh up); "

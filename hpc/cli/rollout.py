@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc.cli.util import add_run_arg
+from hpc.errors import UsageError
+from hpc.paths import node_scratch, private_dir
+from hpc.rundir import open_run
+from hpc.slurm_env import SlurmEnv
 
 if TYPE_CHECKING:  # the roles load late: `spoolrl --help` stays light
     from hpc.config import RunConfig
@@ -43,8 +47,6 @@ EXIT_FAILING = 3  # the node stopped itself (rollout_node.pipeline.health)
 
 
 def default_node_id() -> str:
-    from hpc.slurm_env import SlurmEnv
-
     env = SlurmEnv.from_environ()
     host = env.node_name or socket.gethostname().split(".")[0]
     return f"{host}-{env.procid}" if env.in_step else host
@@ -77,9 +79,6 @@ def make_policy(paths: RunPaths, config: RunConfig) -> Policy:
 
 
 def build_node(run: str, node_id: str, *, max_episodes: int | None, once: bool) -> RolloutNode:
-    from hpc.errors import UsageError
-    from hpc.paths import node_scratch, private_dir
-    from hpc.rundir import open_run
     from hpc.spool import Spool
     from rollout_node.pipeline.bindings import RealTaskOps
     from rollout_node.pipeline.node import NodeOptions, RolloutNode

@@ -11,13 +11,13 @@ import argparse
 from typing import Any
 
 from hpc.cli.util import add_config_args, add_run_arg, load_checked
-from hpc.config import RunConfig
+from hpc.config import RunConfig, load_config
 from hpc.errors import UsageError
 from hpc.paths import TINY_MODEL, RunPaths
+from hpc.rundir import config_digest, create_run
 
 
 def _config_default(args: argparse.Namespace) -> int:
-    from hpc.config import RunConfig
     from hpc.config.render import commented_yaml, reference_markdown
 
     print(reference_markdown(RunConfig) if args.markdown else commented_yaml(RunConfig()), end="")
@@ -42,14 +42,10 @@ def prepare_model(paths: RunPaths, config: RunConfig) -> None:
 
 def init_run(run: str, config: RunConfig, *, if_missing: bool = False) -> RunPaths:
     """The one code path every launcher uses to create a run directory."""
-    from hpc.rundir import create_run
-
     return create_run(run, config, if_missing=if_missing, prepare=prepare_model)
 
 
 def _check_digest(config: RunConfig, expected: str) -> None:
-    from hpc.rundir import config_digest
-
     if config_digest(config) != expected:
         raise UsageError(f"the config ({config_digest(config)}) is not the one the job script was rendered "
                          f"from ({expected}): the script was edited; re-render it with 'spoolrl render'")
@@ -57,8 +53,6 @@ def _check_digest(config: RunConfig, expected: str) -> None:
 
 def _init(args: argparse.Namespace) -> int:
     if args.expect_digest:  # the job's own init: its paths were checked (or deferred) when it was rendered
-        from hpc.config import load_config
-
         config = load_config(args.config, args.overrides)
         _check_digest(config, args.expect_digest)
     else:

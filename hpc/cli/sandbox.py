@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpc.cli.util import print_json
+from hpc.config import load_config
+from hpc.errors import UsageError
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("sandbox", help="run a command or a shell in an episode sandbox",
@@ -48,7 +52,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from hpc.config import load_config
     overrides = []
     if args.runtime:
         overrides.append(f"sandbox.runtime={args.runtime}")
@@ -58,8 +61,6 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from hpc.cli.util import print_json
-    from hpc.errors import UsageError
     from rollout_node.sandbox import open_sandbox
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

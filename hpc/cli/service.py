@@ -34,10 +34,21 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpc.cli.rollout import DRAIN_SIGNALS, default_node_id
+from hpc.cli.rollout import setup_logging as node_logging
+from hpc.config import RunConfig, load_config
 from hpc.config.service import ServiceSection, trusted_networks
+from hpc.config.site import check_site
 from hpc.errors import UsageError
+from hpc.paths import TINY_MODEL, RunPaths, node_scratch
+from hpc.records import EndpointRecord, write_endpoint
+from hpc.rundir import create_run, open_run
+from hpc.slurm_env import SlurmEnv
+
+if TYPE_CHECKING:
+    from rollout_node.service.node import ServiceNode
 
 log = logging.getLogger("spoolrl.service")
 
@@ -55,12 +66,7 @@ def service_settings(section: ServiceSection, args: argparse.Namespace) -> Servi
                    token_level=section.token_level if args.token_level is None else args.token_level)
 
 
-def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, Any]:
-    from hpc.config import load_config
-    from hpc.config.site import check_site
-    from hpc.paths import TINY_MODEL, node_scratch
-    from hpc.rundir import create_run, open_run
-
+def open_or_create_run(args: argparse.Namespace, overrides: list[str]) -> tuple[RunPaths, RunConfig]:
     run = Path(args.run) if args.run else node_scratch() / f"spoolrl-raas-{os.getuid()}-{os.getpid()}"
     if (run / "run.yaml").exists() and not args.config and not overrides:
         return open_run(run)
@@ -84,8 +90,6 @@ def setup_logging(log_dir: Path) -> None:
 
 def run_node_only(run: str, node_id: str) -> int:
     """A rollout node for a front door on ``run`` (until SIGTERM/SIGINT/STOP)."""
-    from hpc.cli.rollout import DRAIN_SIGNALS
-    from hpc.cli.rollout import setup_logging as node_logging
     from rollout_node.service.node import build_service_node
 
     node = build_service_node(run, node_id)
@@ -96,7 +100,7 @@ def run_node_only(run: str, node_id: str) -> int:
     return 0
 
 
-def start_local_nodes(run: Path, count: int) -> list[tuple[Any, threading.Thread]]:
+def start_local_nodes(run: Path, count: int) -> list[tuple[ServiceNode, threading.Thread]]:
     from rollout_node.service.node import build_service_node
 
     host = socket.gethostname().split(".")[0]
@@ -109,7 +113,7 @@ def start_local_nodes(run: Path, count: int) -> list[tuple[Any, threading.Thread
     return nodes
 
 
-async def serve(paths: Any, config: Any, cfg: ServiceSection) -> None:
+async def serve(paths: RunPaths, config: RunConfig, cfg: ServiceSection) -> None:
     from aiohttp import web
 
     from rollout_node.service.app import Service
@@ -134,9 +138,7 @@ async def serve(paths: Any, config: Any, cfg: ServiceSection) -> None:
     (paths.endpoints / "rollout-server.json").unlink(missing_ok=True)
 
 
-def announce(paths: Any, url: str, cfg: ServiceSection, token: str) -> None:
-    from hpc.records import EndpointRecord, write_endpoint
-
+def announce(paths: RunPaths, url: str, cfg: ServiceSection, token: str) -> None:
     token_file = str(paths.secret) if cfg.auth else None
     write_endpoint(paths.endpoints / "rollout-server.json",
                    EndpointRecord(url=url, host=socket.gethostname(), pid=os.getpid(), extra={"token_file": token_file}),
@@ -150,17 +152,12 @@ def announce(paths: Any, url: str, cfg: ServiceSection, token: str) -> None:
 
 
 def _rollout_server(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
-    from hpc.slurm_env import SlurmEnv
-
     overrides = list(args.overrides)
     service_settings(load_config(args.config, overrides).service, args)  # bad settings fail before anything starts
     env = SlurmEnv.from_environ()
     if args.node_only or (env.in_step and env.procid > 0):
         if not args.run:
             raise UsageError("--node-only needs --run RUN (the front door's run directory)")
-        from hpc.cli.rollout import default_node_id
-
         return run_node_only(args.run, default_node_id())
     paths, config = open_or_create_run(args, overrides)
     cfg = service_settings(config.service, args)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.cli.util import add_run_arg, print_json
-from hpc.errors import UsageError
+from hpc.errors import CorruptShardError, UsageError
+from hpc.rundir import require_run
 
 
 def register(sub: Any) -> None:
@@ -46,7 +47,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from hpc.rundir import require_run
     from hpc.spool import Spool
 
     run = Path(args.run)
@@ -85,8 +85,6 @@ def _shard_paths(target: Path, latest: int) -> list[Path]:
             raise UsageError(f"{target}: the run has no sealed shards yet (RUN/spool/shards/*/)")
         return shards[-latest:]
     if target.is_dir():
-        from hpc.rundir import require_run
-
         require_run(target)  # a directory that is no run: the one wording
     raise UsageError(f"{target}: no such shard file or run directory (shards live in RUN/spool/shards/*/)")
 
@@ -113,7 +111,6 @@ def _print_decoded(tokenizer: Any, traj: Any, color: bool) -> None:
 
 def _read_shard(path: Path) -> tuple[Any, list[Any]]:
     """A shard's table and trajectories; a file that is not a valid shard is one error (exit 2) with the reason."""
-    from hpc.errors import CorruptShardError
     from hpc.shard import read_shard_file, table_trajectories
 
     try:

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc.config import load_config
+from hpc.config.tasks import builtin_task_file
 from hpc.errors import UsageError
 
 if TYPE_CHECKING:  # the roles load late: `spoolrl --help` stays light
@@ -59,7 +61,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from hpc.config import load_config
     overrides = list(args.overrides)
     if args.runtime:
         overrides.append(f"sandbox.runtime={args.runtime}")
@@ -121,7 +122,6 @@ def repo_cache(source: str, cfg: Any, given: Path | None, tmp: Path, repos: set[
     from rollout_node.tasks.builtin import ensure_builtin_repos
     from rollout_node.tasks.repos import find_mirror
     cache = given or (Path(cfg.tasks.repo_cache) if cfg.tasks.repo_cache else None)
-    from hpc.config.tasks import builtin_task_file
 
     if builtin_task_file(source) is not None:
         cache = cache or tmp / "repos"

@@ -35,6 +35,7 @@ from hpc.errors import UsageError
 if tp.TYPE_CHECKING:
     from submitit import Job
 
+    from hpc.cli.api import ConfigSource
     from rollout_node.tasks.instance import TaskInstance
 
 Row = dict[str, tp.Any]
@@ -125,7 +126,7 @@ def _submit_array(ex: tp.Any, chunks: list[Chunk], args: tuple[tp.Any, ...]) -> 
     return list(ex.map_array(run_chunk, [c.tasks for c in chunks], *[[a] * n for a in args]))
 
 
-def check_on_slurm(source: str, options: SlurmCheckOptions, *, config: tp.Any = None, overrides: tp.Sequence[str] = (),
+def check_on_slurm(source: str, options: SlurmCheckOptions, *, config: ConfigSource = None, overrides: tp.Sequence[str] = (),
                    instances: tp.Sequence[str] = (), repo_cache: Path | None = None, scratch: Path | None = None,
                    timeout_s: float | None = None, jobs: int = 2,
                    log: tp.Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> SlurmCheckResult:

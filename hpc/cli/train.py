@@ -10,6 +10,9 @@ import sys
 from typing import Any
 
 from hpc.cli.util import add_run_arg, print_json
+from hpc.config import apply_overrides, config_from_dict, to_dict
+from hpc.paths import RunPaths
+from hpc.rundir import check_resume, open_run
 
 
 def register(sub: Any) -> None:
@@ -35,9 +38,6 @@ def register(sub: Any) -> None:
 
 
 def _load(run: str, overrides: list[str]) -> tuple[Any, Any]:
-    from hpc.config import apply_overrides, config_from_dict, to_dict
-    from hpc.rundir import check_resume, open_run
-
     paths, cfg = open_run(run)
     if overrides:
         new = config_from_dict(apply_overrides(to_dict(cfg), overrides))
@@ -60,7 +60,6 @@ def _train_node(args: argparse.Namespace) -> int:
 
 def _checkpoints(args: argparse.Namespace) -> int:
     from hpc.cli.api import checkpoint_rows
-    from hpc.paths import RunPaths
 
     paths = RunPaths(args.run)
     rows = checkpoint_rows(paths)

@@ -11,10 +11,12 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hpc.config import RunConfig
+from hpc.config import RunConfig, load_config
+from hpc.config.checks import job_problems
+from hpc.config.site import site_problems, unchecked_paths
+from hpc.errors import ConfigError
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -32,9 +34,6 @@ def add_config_args(parser: argparse.ArgumentParser, *, required: bool = False) 
 def load_checked(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
     """``--config`` + overrides, validated as a run to submit (:func:`check_job`); with ``--paths-on-cluster``
     it prints which paths went unchecked."""
-    from hpc.config import load_config
-    from hpc.config.site import unchecked_paths
-
     config = check_job(load_config(args.config, overrides), paths_on_cluster=args.paths_on_cluster)
     if args.paths_on_cluster and (note := unchecked_paths(config)):
         print(f"spoolrl: note: {note}", file=sys.stderr)
@@ -45,10 +44,6 @@ def check_job(config: RunConfig, *, paths_on_cluster: bool = False) -> RunConfig
     """``config`` as a run to submit (hpc.config.checks.job_problems) with its paths checked from here
     (hpc.config.site) and the harness install (``rollout.policy: harness``) unless ``paths_on_cluster``;
     ConfigError (exit 2) lists every problem."""
-    from hpc.config.checks import job_problems
-    from hpc.config.site import site_problems
-    from hpc.errors import ConfigError
-
     problems = job_problems(config) + site_problems(config, paths_on_cluster=paths_on_cluster)
     if config.rollout.policy == "harness" and not paths_on_cluster:
         from rollout_node.pipeline.harness_install import check_prefix

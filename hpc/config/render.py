@@ -6,11 +6,14 @@ Both are generated from the config dataclasses' field docs, so they cannot drift
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 import yaml
 
 from hpc.config.base import iter_fields, to_dict, type_name
+
+if TYPE_CHECKING:
+    from hpc.config import RunConfig
 
 
 def _scalar_yaml(value: Any) -> str:
@@ -34,7 +37,7 @@ def _emit(obj: Any, indent: int, lines: list[str]) -> None:
         lines.append(f"{pad}{f.name}: {_scalar_yaml(to_dict(value))}")
 
 
-def commented_yaml(config: Any) -> str:
+def commented_yaml(config: RunConfig) -> str:
     """YAML for ``config`` with every key preceded by its documentation."""
     lines = ["# spoolrl run config. Every key is optional; the values shown are the defaults.",
              "# Validate with 'spoolrl validate --config run.yaml'; override with key=value on any command.", ""]

@@ -12,14 +12,18 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpc.config import RunConfig
 from hpc.errors import UsageError
 from hpc.paths import RunPaths
 from hpc.records import SPOOL_KEYS
 from hpc.trajectory import Status
+from rollout_node.pipeline.policy import EpisodeSandbox
 from rollout_node.tasks.instance import TaskInstance
+
+if TYPE_CHECKING:
+    from rollout_node.sandbox.images import ImageCache
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class TaskOps(Protocol):
 
     def prepare(self, task: TaskInstance, workdir: Path, timeout_s: float | None = None) -> None: ...
 
-    def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]: ...
+    def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[EpisodeSandbox]: ...
 
     def collect_diff(self, task: TaskInstance, workdir: Path) -> str: ...
 
@@ -100,7 +104,7 @@ class RealTaskOps:
             return self._by_id
 
     def image(self, task: TaskInstance) -> str:
-        return str(getattr(task, "image", "") or self.config.sandbox.image or "")
+        return task.image or self.config.sandbox.image or ""
 
     def _ensure_repos(self) -> None:
         """Built-in tasks: build their mirrors into RUN/repos once (atomic, safe across nodes)."""
@@ -113,7 +117,7 @@ class RealTaskOps:
                 ensure_builtin_repos(self.repo_cache)
                 self._builtin_ready = True
 
-    def _image_cache(self) -> Any:
+    def _image_cache(self) -> ImageCache:
         from rollout_node.sandbox.images import ImageCache
         from rollout_node.sandbox.sandbox import user_scratch
 
@@ -136,7 +140,7 @@ class RealTaskOps:
         self._ensure_repos()
         prepare_workdir(task, workdir, self.repo_cache, timeout_s)
 
-    def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[Any]:
+    def open_sandbox(self, workdir: Path, image: str) -> AbstractContextManager[EpisodeSandbox]:
         from rollout_node.sandbox import open_sandbox
 
         return open_sandbox(self.config.sandbox, workdir, image=image or None,
@@ -171,8 +175,4 @@ class RealTaskOps:
         src = Path(image or default_image())
         if src.is_dir() or not src.exists():
             return True
-        cache = self._image_cache()
-        staged = getattr(cache, "is_staged", None)
-        if staged is not None:
-            return bool(staged(image))
-        return (cache.root / cache._key(src) / ".staged").exists()
+        return self._image_cache().is_staged(src)

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hpc.config import RunConfig
 from rollout_node.pipeline.control import JobClock
 from rollout_node.pipeline.metrics import NodeMetrics
+from rollout_node.pipeline.policy import Policy, ReportsReadiness
 
 
 class ClaimGate:
-    def __init__(self, config: RunConfig, pending_work: Callable[[], int], policy: Any, clock: JobClock,
+    def __init__(self, config: RunConfig, pending_work: Callable[[], int], policy: Policy, clock: JobClock,
                  metrics: NodeMetrics) -> None:
         self.config, self.policy, self.clock, self.metrics = config, policy, clock, metrics
         self._read_pending = pending_work
@@ -41,8 +41,7 @@ class ClaimGate:
         return ""
 
     def _policy_not_ready(self) -> str:
-        ready = getattr(self.policy, "not_ready", None)
-        return str(ready()) if callable(ready) else ""
+        return self.policy.not_ready() if isinstance(self.policy, ReportsReadiness) else ""
 
     def _pending_work(self) -> int:
         at, value = self._pending

@@ -121,12 +121,10 @@ class Episode:
         ctx.stop_reason = ctx.stop_reason or reason
         ctx.stop_event.set()
         if hard:
-            close = getattr(ctx.sandbox, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # noqa: BLE001 - closing a dying sandbox may fail; the worker cleans up
-                    pass
+            try:
+                ctx.sandbox.close()
+            except Exception:  # noqa: BLE001 - closing a dying sandbox may fail; the worker cleans up
+                pass
 
     def trajectories(self, status: Status, reward: float | None) -> list[Trajectory]:
         """The sample's record: one trajectory per segment (the policy's ``EpisodeOutput.segments``, then

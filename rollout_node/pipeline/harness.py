@@ -34,6 +34,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,19 +44,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc.config.rollout import HARNESS_INSIDE, HarnessConfig
-from hpc.errors import InferenceError, SandboxError
+from hpc.errors import InferenceError, SandboxError, UsageError
 from hpc.trajectory import Status
+from rollout_node.agent import AgentLimits, EpisodeSeed
+from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.policy import Completion, SamplingParams
 from rollout_node.agent.policy import Policy as Backend
 from rollout_node.agent.template import ChatTemplate
+from rollout_node.pipeline.harness_install import check_prefix
+from rollout_node.pipeline.llm import VersionTap, tokenizer_dir
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput
 from rollout_node.sandbox.result import ToolResult
 from rollout_node.sandbox.runtimes import PATH_INSIDE, Bind
+from rollout_node.sandbox.sandbox import Sandbox, user_scratch
 
 if TYPE_CHECKING:
     from hpc.config import RunConfig
     from hpc.paths import RunPaths
-    from rollout_node.agent.client import InferenceClient
     from rollout_node.gateway.server import Gateway
     from rollout_node.gateway.session import GatewaySampling, SessionTrace
 
@@ -90,8 +97,6 @@ def run_harness(sandbox: object, cfg: HarnessConfig, *, key: str, socket_path: P
     """Run ``cfg.command`` once in a fresh sandbox beside ``sandbox``'s (same image, same /work) against the
     gateway socket; returns when it exited or its tree was killed (``timed_out``: ``stop()`` or the timeout).
     Raises SandboxError when the sandbox or the relay failed."""
-    from rollout_node.sandbox.sandbox import Sandbox
-
     assert isinstance(sandbox, Sandbox)
     task_dir = sandbox.scratch / "harness"
     task_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +173,7 @@ class HarnessPolicy:
                                             self.backend_for(ctx), self.template, self.session_sampling(ctx))
         try:
             result = run_harness(ctx.sandbox, self.cfg, key=session.key, socket_path=session.socket_path,
-                                 problem=getattr(ctx.task, "problem_statement", "") or ctx.task_id,
+                                 problem=ctx.task.problem_statement or ctx.task_id,
                                  stop=ctx.should_stop)
         finally:
             trace = session.close()
@@ -199,18 +204,8 @@ def build_harness_policy(paths: RunPaths, config: RunConfig, *, client: Inferenc
     task stick to one server; versions reach the transcript as they arrive, so the staleness check sees a
     running episode; time waiting for a server is not charged to RUN), the model's chat template, and one
     gateway on a node-local socket. Raises UsageError when ``rollout.harness.prefix`` is not an install."""
-    import dataclasses
-    import os
-    import secrets
-
-    from hpc.errors import UsageError
-    from rollout_node.agent import AgentLimits, EpisodeSeed
-    from rollout_node.agent.client import InferenceClient
     from rollout_node.gateway.server import Gateway
     from rollout_node.gateway.session import GatewaySampling
-    from rollout_node.pipeline.harness_install import check_prefix
-    from rollout_node.pipeline.llm import _VersionTap, tokenizer_dir
-    from rollout_node.sandbox.sandbox import user_scratch
 
     if problems := check_prefix(config.rollout.harness.prefix):
         raise UsageError("; ".join(problems))
@@ -229,5 +224,5 @@ def build_harness_policy(paths: RunPaths, config: RunConfig, *, client: Inferenc
     socket_path = user_scratch(config.sandbox) / f"gw-{os.getpid()}-{secrets.token_hex(3)}.sock"
     gateway = Gateway(socket_path).start()
     return cls(config.rollout.harness, gateway, template, sampling_for,
-                         lambda ctx: _VersionTap(client.session(ctx.task_id, ctx.patient), ctx), on_close=client.close,
+                         lambda ctx: VersionTap(client.session(ctx.task_id, ctx.patient), ctx), on_close=client.close,
                          not_ready=lambda: "" if client.endpoints.live() else "no_inference_server")

@@ -38,6 +38,7 @@ from rollout_node.agent import (
     SandboxTools,
     task_messages,
 )
+from rollout_node.agent.client import EpisodeSession, InferenceClient
 from rollout_node.agent.result import EpisodeResult
 from rollout_node.agent.template import Message
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Transcript
@@ -47,17 +48,17 @@ def tokenizer_dir(paths: RunPaths, config: RunConfig) -> Path:
     return paths.tokenizer_dir(config.model.path, config.model.tokenizer_path)
 
 
-class _VersionTap:
+class VersionTap:
     """Forwards ``generate``, tells the transcript the versions of the tokens just generated, and
     books the time spent waiting for the server on the episode (it is not charged to RUN's limit)."""
 
-    def __init__(self, session: Any, ctx: EpisodeContext) -> None:
+    def __init__(self, session: EpisodeSession, ctx: EpisodeContext) -> None:
         self.session, self.ctx = session, ctx
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         t0 = time.monotonic()
         try:
-            completion: Completion = self.session.generate(prompt_ids, sampling)
+            completion = self.session.generate(prompt_ids, sampling)
         finally:
             self.ctx.llm_wait_s += time.monotonic() - t0
         self.ctx.transcript.note_versions(completion.versions)
@@ -67,10 +68,8 @@ class _VersionTap:
 class LLMPolicy:
     """``rollout.policy: llm`` (see the module docstring)."""
 
-    def __init__(self, paths: RunPaths, config: RunConfig, *, client: Any = None,
+    def __init__(self, paths: RunPaths, config: RunConfig, *, client: InferenceClient | None = None,
                  template: ChatTemplate | None = None) -> None:
-        from rollout_node.agent.client import InferenceClient
-
         self.template = template or ChatTemplate.from_model_dir(tokenizer_dir(paths, config))
         self.client = client or InferenceClient.from_config(config.inference, run_dir=paths.root)
         self.loop = AgentLoop(self.template, AgentLimits.from_config(config.rollout, config.inference))
@@ -110,7 +109,7 @@ class LLMPolicy:
         self._learn_context_len()
         limits = self.episode_limits(ctx)
         loop = self.loop.with_limits(limits)
-        policy = _VersionTap(self.client.session(ctx.task_id, ctx.patient), ctx)
+        policy = VersionTap(self.client.session(ctx.task_id, ctx.patient), ctx)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
         messages = task_messages(ctx.task.problem_statement or ctx.task_id, system=self.system)

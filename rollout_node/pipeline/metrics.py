@@ -12,11 +12,12 @@ Thread-safe: every stage worker reports here.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from hpc.metrics import MetricsWriter
 
 STAGES = ("init", "run", "eval")
 
@@ -28,33 +29,11 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-class _JsonlWriter:
-    """A fallback with MetricsWriter's shape, for when hpc.metrics is not there."""
-
-    def __init__(self, run_dir: Path, process_name: str) -> None:
-        self.path = Path(run_dir) / "metrics" / f"{process_name}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = process_name
-
-    def log(self, kind: str, **fields: Any) -> None:
-        line = json.dumps({"t": time.time(), "kind": kind, "process": self.process, **fields}, default=str)
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-
-
-def _writer(run_dir: Path, process_name: str) -> Any:
-    try:
-        from hpc.metrics import MetricsWriter
-    except ImportError:
-        return _JsonlWriter(run_dir, process_name)
-    return MetricsWriter(run_dir, process_name)
-
-
 class NodeMetrics:
     """Counters and stage timings of one node, written to its own metrics file."""
 
     def __init__(self, run_dir: Path, node_id: str, window: int = 512) -> None:
-        self.writer = _writer(run_dir, f"rollout-{node_id}")
+        self.writer = MetricsWriter(run_dir, f"rollout-{node_id}")
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
         self.stage_s: dict[str, collections.deque[float]] = {s: collections.deque(maxlen=window) for s in STAGES}

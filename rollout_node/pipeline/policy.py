@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from hpc.trajectory import Status
+from rollout_node.agent.tools import SandboxLike
+from rollout_node.pipeline.claim import Claim
 from rollout_node.tasks.instance import TaskInstance
 
 
@@ -77,14 +79,26 @@ class Transcript:
         self._min_version = min(generated) if generated else None
 
 
+class EpisodeSandbox(SandboxLike, Protocol):
+    """The open sandbox an episode runs in (:class:`rollout_node.sandbox.Sandbox`): the agent's tools, plus
+    what the pipeline asks of it."""
+
+    def close(self) -> None:
+        """Kill every process of the sandbox (idempotent; an abort calls it from another thread)."""
+
+    @property
+    def disk_verdict(self) -> str:
+        """Why the episode's disk budget broke ('' while within it)."""
+
+
 @dataclass
 class EpisodeContext:
     """Everything one episode may use; built by the RUN stage."""
 
     task: TaskInstance            # the parsed task (parsed once, at claim time: pipeline.claim)
-    task_dict: Mapping[str, Any]  # the spool's task record as claimed
+    claim: Claim                  # the claim it came from (``claim.fields``: the spool's task record as claimed)
     task_id: str
-    sandbox: Any                  # an open rollout_node.sandbox Sandbox
+    sandbox: EpisodeSandbox       # open for the episode's RUN
     workdir: Path                 # host side of the sandbox's /work
     seed: int
     sample_index: int
@@ -136,3 +150,11 @@ class Policy(Protocol):
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsReadiness(Protocol):
+    """A policy that can tell, before a claim, what it lacks to run an episode now (e.g.
+    ``no_inference_server``: :class:`~rollout_node.pipeline.llm.LLMPolicy`); '' when ready."""
+
+    def not_ready(self) -> str: ...

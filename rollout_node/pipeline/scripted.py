@@ -95,12 +95,12 @@ class ScriptedPolicy:
     def run_episode(self, ctx: EpisodeContext) -> EpisodeOutput:
         action = action_for(self.plan, ctx.task_id, ctx.attempt)
         if action in SCRIPTS or action == "peek":
-            script = SCRIPTS.get(action) or peek_script([str(o) for o in ctx.task_dict.get("peek_objects", [])])
+            script = SCRIPTS.get(action) or peek_script([str(o) for o in ctx.claim.fields.get("peek_objects", [])])
             out = run_script(ctx, script)
             out.metrics["scripted_action"] = action
             out.sampling["scripted"] = action
             return out
-        ctx.transcript.add_context(_ids(getattr(ctx.task, "problem_statement", "") or ctx.task_id) or [3])
+        ctx.transcript.add_context(_ids(ctx.task.problem_statement or ctx.task_id) or [3])
         status = getattr(self, f"_do_{action}")(ctx)
         return EpisodeOutput(status=status, metrics={"scripted_action": action},
                              sampling={"seed": ctx.seed, "scripted": action}, logprob_kind="synthetic")

@@ -1,8 +1,7 @@
 """Default worker counts of the three stages, from the node's allocation and free scratch space.
 
-Inputs: CPUs (``SlurmEnv`` when it exposes them, else the CPUs this process may run on, which
-inside a Slurm step is the job's cpuset), memory (``SlurmEnv``, else MemTotal) and free space on
-node-local scratch. A configured count (> 0) always wins. The heuristic, per stage:
+Inputs: CPUs (the CPUs this process may run on, which inside a Slurm step is the job's cpuset),
+memory (the node's MemTotal) and free space on node-local scratch. A configured count (> 0) always wins. The heuristic, per stage:
 
 - INIT (git checkout, image staging: I/O bound): ``min(4, cpus // 4 + 1)``.
 - RUN (waits on the LLM most of the time; holds one live sandbox): ``min(8 * cpus, mem_gb /
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.config import RolloutConfig, SandboxConfig
-from hpc.slurm_env import SlurmEnv
 
 
 @dataclass(frozen=True)
@@ -31,20 +29,14 @@ class Workers:
     eval: int
 
 
-def node_cpus(env: SlurmEnv | None = None) -> int:
-    slurm = getattr(env or SlurmEnv.from_environ(), "cpus_on_node", None)
-    if isinstance(slurm, int) and slurm > 0:
-        return slurm
+def node_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
 
-def node_mem_gb(env: SlurmEnv | None = None) -> float:
-    slurm = getattr(env or SlurmEnv.from_environ(), "mem_per_node_mb", None)
-    if isinstance(slurm, (int, float)) and slurm > 0:
-        return float(slurm) / 1024
+def node_mem_gb() -> float:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -60,10 +52,9 @@ def free_scratch_gb(scratch: Path) -> float:
     return shutil.disk_usage(scratch).free / 2**30
 
 
-def default_workers(rollout: RolloutConfig, sandbox: SandboxConfig, scratch: Path,
-                    env: SlurmEnv | None = None) -> Workers:
+def default_workers(rollout: RolloutConfig, sandbox: SandboxConfig, scratch: Path) -> Workers:
     """Worker counts per stage (see the module docstring); configured values win."""
-    cpus, mem_gb = node_cpus(env), node_mem_gb(env)
+    cpus, mem_gb = node_cpus(), node_mem_gb()
     by_disk = max(1, int(free_scratch_gb(scratch) / rollout.scratch_per_episode_gb))
     init = min(4, cpus // 4 + 1, by_disk)
     run = min(8 * cpus, max(1, int(mem_gb / (sandbox.mem_gb / 4))), by_disk)

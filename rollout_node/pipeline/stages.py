@@ -27,7 +27,7 @@ from hpc.trajectory import Status
 from rollout_node.pipeline.bindings import EvalOutcome, TaskOps
 from rollout_node.pipeline.episode import Episode
 from rollout_node.pipeline.faults import Fault, classify_run_error
-from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, Policy
+from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput, EpisodeSandbox, Policy
 from rollout_node.pipeline.scratch import remove_tree
 from rollout_node.tasks.repos import UnscorableTree, tree_problems
 
@@ -95,9 +95,9 @@ class Stages:
         remove_workdir(ep)
         return result
 
-    def _context(self, ep: Episode, sandbox: object) -> EpisodeContext:
+    def _context(self, ep: Episode, sandbox: EpisodeSandbox) -> EpisodeContext:
         return EpisodeContext(
-            task=ep.group.task, task_dict=ep.group.claim.fields, task_id=ep.group.task_id, sandbox=sandbox,
+            task=ep.group.task, claim=ep.group.claim, task_id=ep.group.task_id, sandbox=sandbox,
             workdir=ep.workdir or Path("."), seed=ep.seed, sample_index=ep.sample_index, attempt=ep.attempt,
             deadline=ep.stage_t0 + self.rollout.run_timeout_s,
             command_timeout_s=self.config.sandbox.command_timeout_s, policy_version=self.policy_version,
@@ -130,7 +130,7 @@ class Stages:
     def _agent_broke_it(self, ep: Episode, why: str) -> bool:
         """A sandbox that died while the tree holds undiffable entries the agent made, or past the episode's
         disk budget (``Sandbox.disk_verdict``): its outcome."""
-        over = str(getattr(ep.ctx.sandbox, "disk_verdict", "")) if ep.ctx is not None else ""
+        over = ep.ctx.sandbox.disk_verdict if ep.ctx is not None else ""
         problems = [over] if over else tree_problems(ep.workdir) if ep.workdir is not None else []
         if not problems:
             return False

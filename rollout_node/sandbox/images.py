@@ -94,6 +94,10 @@ class ImageCache:
             os.close(fd)
         raise SandboxError(f"image {image}: staged copy keeps being evicted; raise sandbox.image_cache_gb")
 
+    def is_staged(self, src: Path) -> bool:
+        """Is the archive or SIF ``src`` (an existing file) extracted in this cache?"""
+        return (self.root / self._key(src) / ".staged").exists()
+
     def _ensure_staged(self, src: Path, entry: Path) -> bool:
         """Extract ``src`` into ``entry`` unless done; one extractor per entry (others wait). True if extracted."""
         fd = os.open(f"{entry}.staging", os.O_RDWR | os.O_CREAT, 0o644)

@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 
 from hpc.config import RunConfig
-from hpc.paths import RunPaths
-from hpc.spool import RolloutSpool
-from rollout_node.pipeline.bindings import TaskOps
+from hpc.errors import UsageError
+from hpc.paths import RunPaths, node_scratch, private_dir
+from hpc.rundir import open_run
+from hpc.spool import RolloutSpool, Spool
+from rollout_node.pipeline.bindings import RealTaskOps, TaskOps
 from rollout_node.pipeline.control import JobClock
 from rollout_node.pipeline.episode import Episode
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.policy import Policy
+from rollout_node.pipeline.sizing import default_workers
 
 
 def service_notes(ep: Episode, worker_id: str) -> None:
@@ -42,13 +45,6 @@ class ServiceNode(RolloutNode):
 def build_service_node(run: str, node_id: str, *, policy: Policy | None = None,
                        ops: TaskOps | None = None) -> ServiceNode:
     """Wire a service node on ``run`` (the same parts ``spoolrl rollout-node`` builds)."""
-    from hpc.errors import UsageError
-    from hpc.paths import node_scratch, private_dir
-    from hpc.rundir import open_run
-    from hpc.spool import Spool
-    from rollout_node.pipeline.bindings import RealTaskOps
-    from rollout_node.pipeline.sizing import default_workers
-
     paths, config = open_run(run)
     try:  # the same private scratch rule as rollout-node (a squatted directory is refused)
         scratch = private_dir(node_scratch(config.sandbox.scratch_dir) / f"spoolrl-rollout-{os.getuid()}")

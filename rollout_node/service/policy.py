@@ -75,7 +75,7 @@ class LeastAssignedClient(InferenceClient):
             return {u: n for u, n in self._counts.items() if n > 0}
 
 
-def messages_of(policy_template: Any, opening: list[Message], result: EpisodeResult,
+def messages_of(policy_template: ChatTemplate, opening: list[Message], result: EpisodeResult,
                 observation_role: str) -> list[dict[str, Any]]:
     """ProRL's ``messages``: the ``opening`` ones (system, user), then per turn the assistant's generation
     and what answered it.
@@ -108,7 +108,7 @@ class ServicePolicy(LLMPolicy):
     the policy's extension points."""
 
     def episode_limits(self, ctx: EpisodeContext) -> AgentLimits:
-        limits, params = self.loop.limits, dict(ctx.task_dict.get("sampling_params") or {})
+        limits, params = self.loop.limits, dict(ctx.claim.fields.get("sampling_params") or {})
         return dataclasses.replace(
             limits, temperature=params.get("temperature", limits.temperature), top_p=params.get("top_p", limits.top_p),
             max_turns=params.get("max_iterations", limits.max_turns),
@@ -142,7 +142,7 @@ class ServiceHarnessPolicy(HarnessPolicy):
     """``HarnessPolicy`` plus per-request sampling and the ``messages`` record (module docstring)."""
 
     def session_sampling(self, ctx: EpisodeContext) -> GatewaySampling:
-        base, params = super().session_sampling(ctx), dict(ctx.task_dict.get("sampling_params") or {})
+        base, params = super().session_sampling(ctx), dict(ctx.claim.fields.get("sampling_params") or {})
         return dataclasses.replace(base, temperature=params.get("temperature", base.temperature),
                                    top_p=params.get("top_p", base.top_p),
                                    max_new_tokens=params.get("max_output_tokens", base.max_new_tokens))

@@ -210,7 +210,7 @@ def _outcomes(task: TaskInstance, run: ExecResult, key: bytes) -> tuple[dict[str
     if not task.test_cmd:
         results = read_results(run.output, key, task.tests)
         return results.outcomes, list(results.flags)
-    flags = ["results: the log was truncated (results may be pushed out)"] if getattr(run, "truncated", False) else []
+    flags = ["results: the log was truncated (results may be pushed out)"] if run.truncated else []
     return outcomes_for(task.tests, run.output, task.log_parser), flags
 
 

@@ -43,6 +43,8 @@ class Result:
 class LocalShell:
     """bash -c in the work dir; close() kills it for good (later calls raise SandboxError)."""
 
+    disk_verdict = ""  # no disk budget here
+
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.closed = False

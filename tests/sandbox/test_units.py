@@ -105,6 +105,15 @@ def test_image_cache_stages_once_concurrently(tmp_path: Path) -> None:
         lease.release()
 
 
+def test_image_cache_says_whether_an_archive_is_staged(tmp_path: Path) -> None:
+    tar = _tarball(tmp_path / "img.tar", 100)
+    cache = ImageCache(tmp_path / "cache", budget_bytes=10**9)
+    assert not cache.is_staged(tar)
+    cache.stage(str(tar)).release()
+    assert cache.is_staged(tar)
+    assert not cache.is_staged(_tarball(tmp_path / "other.tar", 100))
+
+
 def test_image_cache_evicts_lru_but_not_held(tmp_path: Path) -> None:
     cache = ImageCache(tmp_path / "cache", budget_bytes=150_000)
     a = cache.stage(str(_tarball(tmp_path / "a.tar", 60_000)))

@@ -39,6 +39,8 @@ class _Out:
 
 
 class NullShell:
+    disk_verdict = ""
+
     def __getattr__(self, _name: str) -> Any:
         return lambda *_a, **_k: _Out()
 

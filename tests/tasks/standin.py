@@ -21,6 +21,7 @@ class StandinResult:
     exit_code: int | None
     timed_out: bool
     duration_s: float
+    truncated: bool = False
 
 
 class StandinSandbox:

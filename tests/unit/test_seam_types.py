@@ -1,9 +1,10 @@
 """The run directory's seams stay typed: bare ``Any`` on the spool, lease, claim, task and checkpoint
-seams is counted with ``ast`` and may not grow past :data:`LIMIT`.
+seams (and on the objects the roles hand each other: config, paths, sandbox, policy, engine, shard) is
+counted with ``ast`` and may not grow past :data:`LIMIT`.
 
 What is counted (library code: ``hpc/``, ``rollout_node/``, ``train_node/``, without the built-in
 tasks' repositories), where "bare ``Any``" is an annotation that is exactly ``Any`` or
-``typing.Any`` (``dict[str, Any]``, a JSON record's honest type, is not):
+``<module>.Any`` (``typing.Any``, ``tp.Any``; ``dict[str, Any]``, a JSON record's honest type, is not):
 
 1. In the seam modules (:data:`SEAM_MODULES`: the spool package, the claim, the task record, the
    checkpoint): every bare ``Any`` parameter (``*args``/``**kwargs`` too), return and annotated
@@ -23,17 +24,18 @@ from tests.unit.test_layering import library_files
 
 REPO = Path(__file__).resolve().parents[2]
 SEAM_MODULES = ("hpc/spool/", "hpc/records.py", "rollout_node/pipeline/claim.py", "train_node/trainer/checkpoint.py")
-SEAM_NAMES = ("spool", "lease", "claim", "task", "checkpoint", "ckpt")
+SEAM_NAMES = ("spool", "lease", "claim", "task", "checkpoint", "ckpt", "shard", "config", "paths", "sandbox", "policy",
+              "engine")
 LIMIT = 10
 
 
 def is_bare_any(node: ast.expr | None) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a string annotation
-        return node.value.strip() in ("Any", "typing.Any")
+        text = node.value.strip()
+        return text == "Any" or (text.endswith(".Any") and text[:-4].isidentifier())
     if isinstance(node, ast.Name):
         return node.id == "Any"
-    return isinstance(node, ast.Attribute) and node.attr == "Any" and isinstance(node.value, ast.Name) \
-        and node.value.id == "typing"
+    return isinstance(node, ast.Attribute) and node.attr == "Any" and isinstance(node.value, ast.Name)
 
 
 def seam_name(name: str) -> bool:
@@ -85,11 +87,13 @@ def test_the_count_sees_each_form(tmp_path: Path) -> None:
         "def f(a: Any, *rest: Any, b: dict[str, Any]) -> typing.Any: ...\n"
         "class C:\n    field: Any\n    ok: list[Any]\n")
     (tmp_path / "rollout_node" / "y.py").write_text(
-        "from typing import Any\n"
+        "from typing import Any\nimport typing as tp\n"
         "def g(spool: Any, other: Any, parent_task: 'Any', task_dict: Any) -> Any: ...\n"
-        "class D:\n    def __init__(self, lease: Any) -> None:\n        self.claim: Any = None\n")
+        "class D:\n    def __init__(self, lease: Any) -> None:\n        self.claim: Any = None\n"
+        "def h(config: tp.Any, paths: 'tp.Any', sandbox: Any, policy: Any, hf_config: dict[str, tp.Any]) -> None: ...\n")
     found = count(tmp_path)
     assert [f.split(": ", 1)[1] for f in found] == [
         "parameter 'a' of f()", "parameter 'rest' of f()", "return of f()", "annotated 'field'",
-        "parameter 'spool' of g()", "parameter 'parent_task' of g()", "parameter 'lease' of __init__()",
-        "annotated 'claim'"], found
+        "parameter 'spool' of g()", "parameter 'parent_task' of g()", "parameter 'config' of h()",
+        "parameter 'paths' of h()", "parameter 'sandbox' of h()", "parameter 'policy' of h()",
+        "parameter 'lease' of __init__()", "annotated 'claim'"], found

@@ -22,11 +22,14 @@ import inspect
 import queue
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from train_node.infer.protocol import ChoiceResult, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -97,7 +100,7 @@ def _kv_of(cache: Any) -> KV:
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
 
 
-def _cache_from(kv: KV, config: Any) -> Any:
+def _cache_from(kv: KV, config: PretrainedConfig) -> Any:
     from transformers import DynamicCache
 
     try:
@@ -130,7 +133,7 @@ class _Batch:
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def merge(self, other: _Batch, config: Any) -> None:
+    def merge(self, other: _Batch, config: PretrainedConfig) -> None:
         """Append ``other``'s rows, left-padding whichever cache is shorter."""
         if not self.rows:
             self.rows, self.kv, self.mask = other.rows, other.kv, other.mask
@@ -147,7 +150,7 @@ class _Batch:
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
         self.logits = torch.cat([self.logits, other.logits])
 
-    def keep(self, keep: list[int], config: Any) -> None:
+    def keep(self, keep: list[int], config: PretrainedConfig) -> None:
         """Keep only rows ``keep`` and drop the left columns that are padding in every row."""
         if not keep:
             self.clear()

@@ -50,6 +50,7 @@ from hpc.errors import InferenceError, RunDirError, UsageError
 from hpc.metrics import MetricsWriter
 from hpc.paths import RunPaths
 from hpc.records import EndpointRecord, write_endpoint
+from hpc.rundir import open_run
 from hpc.slurm_env import SlurmEnv
 from train_node.infer.pins import loading_pin
 from train_node.infer.servers import SERVED_MODEL_NAME, CpuServer, ServerSpec, VllmServer
@@ -342,8 +343,6 @@ def make_servers(specs: list[ServerSpec], engine: str) -> dict[int, Server]:
 
 
 def run_infer_node(run_dir: str, node_index: int | None = None) -> int:
-    from hpc.rundir import open_run
-
     paths, cfg = open_run(run_dir)
     if not paths.secret.exists():
         raise RunDirError(f"{paths.secret} is missing; 'spoolrl init' creates the run secret")

@@ -8,7 +8,7 @@ Modules, in the order a step uses them:
 - ``packing``: token-balanced micro-batches per rank, sequences packed without padding, minibatches.
 - ``loss``: the policy-gradient objective. ``engine``: the DeepSpeed engine, one step, the non-finite guard.
 - ``publish``: weights-only HF policy versions. ``checkpoint``: engine + trainer state, LATEST, lineage.
-- ``loop``: the train loop. ``signals``: preemption (exit 75 = requeue). ``faults``: crash-test hooks.
+- ``loop``: the train loop (``lead``: rank 0's own state in it). ``signals``: preemption (exit 75 = requeue). ``faults``: crash-test hooks.
 - ``dist_env``: rank/world/rendezvous (torchrun, SlurmEnv, or single).
 
 The verbs (``train-node``, ``checkpoints``) are in :mod:`hpc.cli.train`.

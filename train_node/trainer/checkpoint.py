@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 import torch
@@ -63,6 +63,15 @@ _TAG = re.compile(r"^step_(\d{6,})(-g\d+)?(-\d+)?$")
 DS_TAG = "state"
 KEEP_MIN = 2  # retention never deletes the state of the newest two: the previous one is the fall-back
 Fence = Callable[[], object]  # raises FencedError when a newer trainer generation exists
+
+
+class EngineState(Protocol):
+    """What a checkpoint saves and restores of the training engine
+    (:class:`train_node.trainer.engine.Engine`: DeepSpeed's model, optimizer and scheduler state)."""
+
+    def save(self, save_dir: Path, client_state: dict[str, Any]) -> None: ...
+
+    def load(self, load_dir: Path, tag: str) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -217,7 +226,7 @@ def fence_collective(fence: Fence | None) -> None:
         raise FencedError(box[0])
 
 
-def save(engine: Any, paths: RunPaths, step: int, meta: CheckpointMeta | None, ledger: list[dict[str, Any]],
+def save(engine: EngineState, paths: RunPaths, step: int, meta: CheckpointMeta | None, ledger: list[dict[str, Any]],
          *, fence: Fence | None = None) -> str:
     """Collective: every rank writes its engine shard and RNG state, fsyncs and digests; rank 0
     (the only one with ``meta``) writes the rest and flips LATEST. FencedError on every rank when a
@@ -269,7 +278,7 @@ def _sync_and_digest(tmp: Path, rank: int, world: int) -> dict[str, list[Any]]:
     return out
 
 
-def _digest_file(f: Any) -> str:
+def _digest_file(f: IO[bytes]) -> str:
     h = xxhash.xxh3_128()
     while chunk := f.read(1 << 22):
         h.update(chunk)
@@ -380,7 +389,7 @@ def universal_dir(paths: RunPaths, tag: str) -> Path:
     return out
 
 
-def load(engine: Any, paths: RunPaths, tag: str, *, universal: bool) -> None:
+def load(engine: EngineState, paths: RunPaths, tag: str, *, universal: bool) -> None:
     """Collective: restore engine state (converted if ``universal``) and this rank's RNG state."""
     rank = tdist.get_rank()
     ck = paths.checkpoints / tag

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hpc.slurm_env import SlurmEnv
+
 RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -74,8 +76,6 @@ def _from_launcher(env: dict[str, str]) -> DistEnv | None:
 
 
 def _from_slurm(env: dict[str, str]) -> DistEnv | None:
-    from hpc.slurm_env import SlurmEnv
-
     se = SlurmEnv.from_environ(env)
     if not (se.in_slurm and se.in_step):
         return None

@@ -55,7 +55,9 @@ from train_node.trainer.consumer import Batch, Consumer, ConsumerState
 from train_node.trainer.controls import shuffle_rewards, step_rng
 from train_node.trainer.dist_env import DistEnv, resolve
 from train_node.trainer.engine import Engine, NonFiniteError, StepResult, init_distributed, load_model
+from train_node.trainer.faults import fault_point
 from train_node.trainer.feeder import Feeder
+from train_node.trainer.lead import Lead
 from train_node.trainer.packing import Plan, plan_minibatches
 from train_node.trainer.publish import Publisher, latest_version
 from train_node.trainer.source import BatchSource, WaitSignal
@@ -80,41 +82,6 @@ class Counters:
     tokens: int = 0
     last_data: float = field(default_factory=time.monotonic)
     nonfinite_in_row: int = 0
-
-
-@dataclass
-class Lead:
-    """Rank 0's own state: the spool, what is consumed and fed, publishing and metrics. The other
-    ranks hold none of it (``Trainer.lead`` raises there)."""
-
-    spool: ConsumerSpool
-    generation: int  # this trainer's fencing generation
-    consumer: Consumer
-    feeder: Feeder | None
-    publisher: Publisher
-    metrics: MetricsWriter
-    waiting: WaitSignal  # control/TRAINER_WAITING while a wait for a batch lasts
-    source: BatchSource | None = None  # started once the initial weights are published
-    pending: tuple[Batch, list[Plan], float] | None = None  # the running step's batch, plans, wait
-
-    @property
-    def batches(self) -> BatchSource:
-        if self.source is None:
-            raise RuntimeError("the batch source starts after the initial publish (Trainer.setup)")
-        return self.source
-
-    def handed_out(self) -> tuple[Batch, list[Plan], float]:
-        """The batch of the step being trained, its plans and the seconds waited for it."""
-        if self.pending is None:
-            raise RuntimeError("no batch was handed out for this step")
-        return self.pending
-
-    def close(self) -> None:
-        if self.source is not None:
-            self.source.close()
-        self.waiting.end()
-        self.publisher.close()
-        self.metrics.close()
 
 
 class Trainer:
@@ -480,8 +447,6 @@ class Trainer:
         tag = ckpt.save(self.engine, self.paths, self.step, meta, ledger, fence=self._fence if self.rank == 0 else None)
         self._parent = tag
         if meta is not None:
-            from train_node.trainer.faults import fault_point
-
             fault_point("after_checkpoint")
             committed = self.lead.spool.commit(CONSUMER_ID, meta.shards, checkpoint=tag)
             ckpt.retain(self.paths, self.cfg.trainer.keep_checkpoints, fence=self._fence)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,6 +45,9 @@ from hpc.paths import RunPaths
 from hpc.records import read_policy_latest, write_policy_latest
 from train_node.infer.pins import versions_in_use
 from train_node.trainer.faults import fault_point
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _GEN_DIR = re.compile(r"^v(\d{6,})-g(\d+)$")
@@ -106,7 +109,7 @@ def remove_version(paths: RunPaths, version: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def write_policy_dir(target: Path, state_dict: dict[str, torch.Tensor], config: Any, tokenizer_dir: Path | None) -> None:
+def write_policy_dir(target: Path, state_dict: dict[str, torch.Tensor], config: PretrainedConfig, tokenizer_dir: Path | None) -> None:
     """Write one complete version directory at ``target`` (temporary dir + rename)."""
     from safetensors.torch import save_file
 
@@ -128,7 +131,7 @@ def write_policy_dir(target: Path, state_dict: dict[str, torch.Tensor], config: 
     fsync_dir(target.parent)
 
 
-def _untie(state_dict: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+def _untie(state_dict: dict[str, torch.Tensor], config: PretrainedConfig) -> dict[str, torch.Tensor]:
     """safetensors refuses shared storage; HF re-ties ``lm_head`` from the embedding on load."""
     out = {k: v.contiguous() for k, v in state_dict.items()}
     if getattr(config, "tie_word_embeddings", False):
@@ -149,7 +152,7 @@ class Publisher:
     """Rank-0 object; ``publish`` after a step, ``close`` at the end (waits for the last write)."""
 
     paths: RunPaths
-    config: Any  # the HF model config
+    config: PretrainedConfig  # the HF model config
     tokenizer_dir: Path | None
     keep: int = 3
     background: bool = True
