@@ -180,3 +180,18 @@ def test_an_ended_or_foreign_key_is_401(gateway: Gateway, client: InferenceClien
     trace_b = b.close()
     assert trace_a.calls == 1 and trace_b.calls == 1
     assert "after a ended" not in template.decode(trace_b.segments[0].token_ids)
+
+
+def test_a_capped_completion_is_incomplete(gateway: Gateway, client: InferenceClient, template: ChatTemplate,
+                                           backend: RecordingBackend) -> None:
+    before = len(backend.records())
+    session = _open(gateway, client, template, "responses-capped")
+    answer = sdk(session).responses.create(model="m", input="Fix calc.py", max_output_tokens=3)
+    assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    assert answer.usage.output_tokens == 3 and not [o for o in answer.output if o.type == "function_call"]
+    with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(session.socket_path))) as http:
+        resp = http.post("http://gateway/v1/responses", headers={"Authorization": f"Bearer {session.key}"},
+                         json={"model": "m", "input": "Fix calc.py", "max_output_tokens": 3, "stream": True})
+    assert resp.text.rstrip().split("\n\n")[-1].startswith("event: response.incomplete\n")
+    trace = session.close()
+    assert [len(r["token_ids"]) for r in backend.records()[before:]] == [3, 3] and trace.calls == 2
