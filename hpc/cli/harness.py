@@ -23,8 +23,11 @@ def register(sub: Any) -> None:
     verbs = p.add_subparsers(dest="harness_verb", metavar="<install|check>")
     ins = verbs.add_parser("install", help="build a harness install with the sandbox image's python",
                            description="pip collects SPEC and its dependencies as wheels on this host, then "
-                           "the image's python installs them into a venv at DIR, inside a sandbox.")
-    ins.add_argument("spec", metavar="SPEC", help="anything pip accepts: mini-swe-agent==2.4.6, a local directory...")
+                           "the image's python installs them into a venv at DIR, inside a sandbox. With npm:PACKAGE, "
+                           "npm installs it on this host into DIR/npm and its commands go to DIR/bin (the static "
+                           "native build the package vendors, if any).")
+    ins.add_argument("spec", metavar="SPEC", help="anything pip accepts: mini-swe-agent==2.4.6, a local directory...; "
+                     "or npm:PACKAGE (npm on this host, e.g. npm:@openai/codex@VERSION)")
     ins.add_argument("--prefix", required=True, type=Path, metavar="DIR",
                      help="where the install goes (a new directory on the shared filesystem)")
     _common(ins)

@@ -1,4 +1,5 @@
-"""The harness gateway: a session-scoped OpenAI-compatible endpoint per episode, token-exact traces.
+"""The harness gateway: a session-scoped OpenAI-compatible endpoint per episode (chat completions and
+the Responses API), token-exact traces.
 
 One :class:`Gateway` per rollout node (and per ``rollout-server``) serves on a Unix socket on
 node-local scratch; each episode opens a :class:`GatewaySession` whose ``key`` is the harness's
@@ -15,9 +16,11 @@ seconds, and the infrastructure error if any. Use::
 """
 
 from rollout_node.gateway.render import Renderer, RenderError, ToolCallOut, split_tool_calls
+from rollout_node.gateway.responses import ResponsesAnswer, ResponsesRequest, parse_responses
 from rollout_node.gateway.server import Gateway
 from rollout_node.gateway.session import GatewaySampling, GatewaySession, SessionClosed, SessionTrace
 from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, parse_request
 
 __all__ = ["ChatAnswer", "ChatRequest", "Gateway", "GatewaySampling", "GatewaySession", "RenderError", "Renderer",
-           "SessionClosed", "SessionTrace", "ToolCallOut", "WireError", "parse_request", "split_tool_calls"]
+           "ResponsesAnswer", "ResponsesRequest", "SessionClosed", "SessionTrace", "ToolCallOut", "WireError",
+           "parse_request", "parse_responses", "split_tool_calls"]

@@ -7,7 +7,9 @@ Guarantees:
   from its episode threads.
 - Routes: ``POST /v1/chat/completions`` (JSON, or ``stream: true`` server-sent events:
   ``chat.completion.chunk`` objects then ``data: [DONE]``; the stream is written once the backend
-  answered, the backend call itself is not streamed) and ``GET /v1/models`` (the one model name).
+  answered, the backend call itself is not streamed), ``POST /v1/responses`` (the Responses API,
+  :mod:`rollout_node.gateway.responses`: mapped onto the same call, the same session path and the same
+  error rules) and ``GET /v1/models`` (the one model name).
 - Every request needs ``Authorization: Bearer <session key>`` of an open session; any other key, or
   the key of a closed session, gets 401 (OpenAI's error body). Keys are 256-bit random secrets.
 - A call blocks a worker thread (``max_workers`` of them), never the event loop; bodies are limited
@@ -25,6 +27,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from aiohttp import web
 from hpc.httpserver import HttpServer
 from rollout_node.agent.policy import Policy
 from rollout_node.agent.template import ChatTemplate
+from rollout_node.gateway.responses import ResponsesAnswer, ResponsesRequest, event_stream, parse_responses
 from rollout_node.gateway.session import BackendFailed, GatewaySampling, GatewaySession, SessionClosed
 from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, error_body, models_body, parse_request, sse
 
@@ -40,6 +44,8 @@ log = logging.getLogger("spoolrl.gateway")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, NUL included
 CLOSE_WAIT_S = 30.0  # close() waits this long for calls in flight (their sessions are closed: they get 401)
 UNAUTHORIZED = "invalid or expired session key: each episode's harness must use its own OPENAI_API_KEY"
+# how one call's answer is written back: (the HTTP request, the session's answer) -> the HTTP response
+Respond = Callable[[web.Request, ChatAnswer], Awaitable[web.StreamResponse]]
 
 
 def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
@@ -84,7 +90,8 @@ class Gateway:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=int(self.max_request_mb * 2**20))
-        app.add_routes([web.post("/v1/chat/completions", self._chat), web.get("/v1/models", self._models)])
+        app.add_routes([web.post("/v1/chat/completions", self._chat), web.post("/v1/responses", self._responses),
+                        web.get("/v1/models", self._models)])
         return app
 
     def open_session(self, episode_key: str, client_session: Policy, template: ChatTemplate,
@@ -141,13 +148,22 @@ class Gateway:
         return web.json_response(models_body(self.model))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _chat_call)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _responses_call)
+
+    async def _serve(self, request: web.Request,
+                     parse: Callable[[bytes, float], tuple[ChatRequest, Respond]]) -> web.StreamResponse:
+        """One call of either API: authenticate, parse (``parse`` gives the chat call and how to answer it),
+        ask the session in a worker thread, map failures to OpenAI errors."""
         t0 = time.perf_counter()
         session = self._session_of(request)
         if session is None:
             return _error(401, UNAUTHORIZED, "invalid_request_error", "invalid_api_key")
         llm_before = session.llm_s
         try:
-            chat = parse_request(await request.read(), session.sampling.temperature)
+            chat, respond = parse(await request.read(), session.sampling.temperature)
             answer = await asyncio.get_running_loop().run_in_executor(self._executor, session.chat, chat)
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body above {self.max_request_mb:g} MiB", "invalid_request_error")
@@ -162,17 +178,39 @@ class Gateway:
             log.exception("gateway call failed")
             session.note_error(repr(exc))
             return _error(500, f"gateway error: {exc!r}", "server_error")
-        response = await self._respond(request, chat, answer)
+        response = await respond(request, answer)
         session.add_gateway_time(time.perf_counter() - t0 - (session.llm_s - llm_before))
         return response
 
-    @staticmethod
-    async def _respond(request: web.Request, chat: ChatRequest, answer: ChatAnswer) -> web.StreamResponse:
+
+def _json(body: object) -> web.Response:
+    return web.Response(body=json.dumps(body, ensure_ascii=False).encode(), content_type="application/json")
+
+
+async def _event_stream(request: web.Request, payload: bytes) -> web.StreamResponse:
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await stream.prepare(request)
+    await stream.write(payload)
+    await stream.write_eof()
+    return stream
+
+
+def _chat_call(raw: bytes, temperature: float) -> tuple[ChatRequest, Respond]:
+    chat = parse_request(raw, temperature)
+
+    async def respond(request: web.Request, answer: ChatAnswer) -> web.StreamResponse:
         if not chat.stream:
-            return web.Response(body=json.dumps(answer.body(), ensure_ascii=False).encode(),
-                                content_type="application/json")
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await stream.prepare(request)
-        await stream.write(sse(answer.chunks(chat.include_usage)))
-        await stream.write_eof()
-        return stream
+            return _json(answer.body())
+        return await _event_stream(request, sse(answer.chunks(chat.include_usage)))
+
+    return chat, respond
+
+
+def _responses_call(raw: bytes, temperature: float) -> tuple[ChatRequest, Respond]:
+    call: ResponsesRequest = parse_responses(raw, temperature)
+
+    async def respond(request: web.Request, answer: ChatAnswer) -> web.StreamResponse:
+        out = ResponsesAnswer(call, answer)
+        return await _event_stream(request, event_stream(out.events())) if call.chat.stream else _json(out.body())
+
+    return call.chat, respond

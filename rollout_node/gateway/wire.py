@@ -72,7 +72,8 @@ def _number(body: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def _check_sampling(body: Mapping[str, Any], temperature: float) -> None:
+def check_sampling(body: Mapping[str, Any], temperature: float) -> None:
+    """Refuse (:class:`WireError`) sampling the trainer cannot reproduce, by ``validate``'s rule."""
     t, p = _number(body, "temperature"), _number(body, "top_p")
     checks = (("temperature", (temperature if t is None else t,)), ("top_p", (1.0, 1.0 if p is None else p)),
               ("top_k", (1.0, 1.0, body.get("top_k"))))
@@ -146,18 +147,24 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def parse_request(raw: bytes, temperature: float) -> ChatRequest:
-    """Check a request body against the session's ``temperature``; a :class:`WireError` says why not."""
+def load_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a :class:`WireError`."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
         raise WireError(f"body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise WireError("body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, temperature: float) -> ChatRequest:
+    """Check a request body against the session's ``temperature``; a :class:`WireError` says why not."""
+    body = load_body(raw)
     messages = body.get("messages")
     if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
         raise WireError("messages must be a non-empty list of message objects", param="messages")
-    _check_sampling(body, temperature)
+    check_sampling(body, temperature)
     options = body.get("stream_options") or {}
     return ChatRequest(messages=tuple(messages), tools=_tools(body), tool_choice=_tool_choice(body),
                        max_tokens=_max_tokens(body), stop=_stop(body), stream=bool(body.get("stream")),

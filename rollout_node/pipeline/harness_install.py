@@ -15,6 +15,10 @@ Guarantees: the venv's interpreter is the image's ``/usr/bin/python3`` and every
 the host. The install is built next to DIR and renamed into place at the end, so DIR is either absent
 or complete; an existing DIR is refused. ``DIR/spoolrl-harness.json`` records the spec, the image's
 Python version, the installed distributions and the console scripts.
+
+``npm:PACKAGE`` (e.g. ``npm:@openai/codex@0.171.0``) installs an npm package instead, with npm on the host
+and no sandbox (:mod:`rollout_node.pipeline.harness_npm`): its commands go to ``DIR/bin``, as the
+static native build the package vendors when it has one.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING
 from hpc.config.rollout import HARNESS_INSIDE
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SandboxError, UsageError
+from rollout_node.pipeline.harness_npm import NPM_DIR, NPM_SPEC, link_commands, npm_install
 from rollout_node.sandbox.runtimes import Bind
 
 if TYPE_CHECKING:
@@ -112,17 +117,39 @@ def _image_python(sb: Sandbox) -> str:
     return str(result.output).strip()
 
 
-def install(spec: str, prefix: Path, sandbox: SandboxConfig, *, image: str | None = None,
-            timeout_s: float = INSTALL_TIMEOUT_S) -> InstallManifest:
-    """Build the install of ``spec`` at ``prefix`` (see the module docstring). Raises UsageError, SandboxError."""
-    from rollout_node.sandbox import open_sandbox
-
+def _new_prefix(prefix: Path) -> Path:
+    """``--prefix`` made absolute, its parent created; refused when it exists or has a bind separator."""
     prefix = prefix.expanduser().absolute()
     if prefix.exists():
         raise UsageError(f"--prefix {prefix}: already exists; remove it or choose another directory")
     if any(c in str(prefix) for c in ",:"):
         raise UsageError(f"--prefix {prefix}: ',' and ':' are separators in apptainer's --bind; choose a path without them")
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    return prefix
+
+
+def install_npm(spec: str, prefix: Path, timeout_s: float = INSTALL_TIMEOUT_S) -> InstallManifest:
+    """``npm:PACKAGE`` at ``prefix`` (:mod:`rollout_node.pipeline.harness_npm`): npm on the host, no sandbox."""
+    package = spec.removeprefix(NPM_SPEC)
+    with tempfile.TemporaryDirectory(prefix=f".{prefix.name}.", dir=prefix.parent) as tmp:
+        build = Path(tmp) / "prefix"
+        npm_install(package, build / NPM_DIR, timeout_s)
+        packages, commands = link_commands(build, package)
+        manifest = InstallManifest(spec, "none (npm)", packages, commands)
+        (build / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1) + "\n")
+        os.chmod(build, 0o755)
+        os.replace(build, prefix)
+    return manifest
+
+
+def install(spec: str, prefix: Path, sandbox: SandboxConfig, *, image: str | None = None,
+            timeout_s: float = INSTALL_TIMEOUT_S) -> InstallManifest:
+    """Build the install of ``spec`` at ``prefix`` (see the module docstring). Raises UsageError, SandboxError."""
+    from rollout_node.sandbox import open_sandbox
+
+    prefix = _new_prefix(prefix)
+    if spec.startswith(NPM_SPEC):
+        return install_npm(spec, prefix, timeout_s)
     with tempfile.TemporaryDirectory(prefix=f".{prefix.name}.", dir=prefix.parent) as tmp:
         build, wheels, work = Path(tmp) / "prefix", Path(tmp) / "wheels", Path(tmp) / "work"
         for d in (build, wheels, work):

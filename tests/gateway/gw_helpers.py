@@ -17,6 +17,7 @@ import openai
 
 from hpc.httpserver import HttpServer
 from rollout_node.gateway import GatewaySession
+from rollout_node.pipeline.policy import Transcript
 from rollout_node.service.standin import VERSION, StandIn
 
 LOGPROB = -0.5  # what the stand-in reports for every token
@@ -57,3 +58,20 @@ def sdk(session: GatewaySession, key: str | None = None) -> openai.OpenAI:
 def as_history(message: Any) -> dict[str, Any]:
     """An SDK response message as the harness sends it back (what LiteLLM / the SDK's users do)."""
     return dict(message.model_dump(exclude_none=True))
+
+
+def assert_exact(segment: Transcript, records: list[dict[str, list[int]]]) -> None:
+    """The segment is the last prompt + its completion, and every call's prompt and reply sit in it
+    exactly where the backend saw and produced them (mask 1, the backend's logprob and version)."""
+    ids = segment.token_ids
+    for rec in records:
+        prompt, reply = rec["prompt"], rec["token_ids"]
+        assert ids[:len(prompt)] == prompt
+        span = slice(len(prompt), len(prompt) + len(reply))
+        assert ids[span] == reply
+        assert set(segment.loss_mask[span]) == {1}
+        assert set(segment.logprobs[span]) == {LOGPROB} and set(segment.policy_versions[span]) == {STANDIN_VERSION}
+    last = records[-1]
+    assert len(ids) == len(last["prompt"]) + len(last["token_ids"])  # the reply ended with <|im_end|>
+    assert sum(segment.loss_mask) == sum(len(r["token_ids"]) for r in records)
+    assert segment.prompt_len == len(records[0]["prompt"])

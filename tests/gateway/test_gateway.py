@@ -16,12 +16,11 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from gw_helpers import LOGPROB, STANDIN_VERSION, TOOLS, RecordingBackend, as_history, sdk
+from gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
 
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, GatewaySession, SessionTrace
-from rollout_node.pipeline.policy import Transcript
 
 SAMPLING = GatewaySampling(temperature=0.7, max_new_tokens=64, max_tokens=4096)
 
@@ -33,23 +32,6 @@ def _open(gateway: Gateway, client: InferenceClient, template: ChatTemplate, nam
 
 def _conversation(task: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
-
-
-def _assert_exact(segment: Transcript, records: list[dict[str, list[int]]]) -> None:
-    """The segment is the last prompt + its completion, and every call's prompt and reply sit in it
-    exactly where the backend saw and produced them (mask 1, the backend's logprob and version)."""
-    ids = segment.token_ids
-    for rec in records:
-        prompt, reply = rec["prompt"], rec["token_ids"]
-        assert ids[:len(prompt)] == prompt
-        span = slice(len(prompt), len(prompt) + len(reply))
-        assert ids[span] == reply
-        assert set(segment.loss_mask[span]) == {1}
-        assert set(segment.logprobs[span]) == {LOGPROB} and set(segment.policy_versions[span]) == {STANDIN_VERSION}
-    last = records[-1]
-    assert len(ids) == len(last["prompt"]) + len(last["token_ids"])  # the reply ended with <|im_end|>
-    assert sum(segment.loss_mask) == sum(len(r["token_ids"]) for r in records)
-    assert segment.prompt_len == len(records[0]["prompt"])
 
 
 def _turns(api: openai.OpenAI, messages: list[dict[str, Any]], n: int, *, stream: bool = False) -> list[Any]:
@@ -92,7 +74,7 @@ def test_unchanged_history_is_one_token_exact_segment(gateway: Gateway, client: 
     records = backend.records()[before:]
     assert len(records) == 3 and trace.calls == 3
     assert len(trace.segments) == 1 and trace.reprefill_tokens == 0 and trace.error is None
-    _assert_exact(trace.segments[0], records)
+    assert_exact(trace.segments[0], records)
     assert trace.logprob_kind == "processed" and trace.sampling["temperature"] == 0.7
     assert trace.llm_s > 0 and trace.gateway_s > 0
 
@@ -110,7 +92,7 @@ def test_streamed_answers_equal_plain_ones_and_stay_one_segment(
     trace = session.close()
     records = backend.records()[before:]
     assert len(trace.segments) == 1 and len(records) == 2
-    _assert_exact(trace.segments[0], records)
+    assert_exact(trace.segments[0], records)
     assert streams[-1][-1].usage.completion_tokens == len(records[-1]["token_ids"])
 
 
@@ -138,8 +120,8 @@ def test_truncated_history_is_two_segments(gateway: Gateway, client: InferenceCl
     trace = session.close()
     records = backend.records()[before:]
     assert len(records) == 4 and len(trace.segments) == 2
-    _assert_exact(trace.segments[0], records[:2])
-    _assert_exact(trace.segments[1], records[2:])
+    assert_exact(trace.segments[0], records[:2])
+    assert_exact(trace.segments[1], records[2:])
     shared = 0
     while records[1]["prompt"][shared] == records[2]["prompt"][shared]:
         shared += 1
@@ -159,7 +141,7 @@ def test_edited_assistant_message_starts_a_new_segment(gateway: Gateway, client:
     trace = session.close()
     records = backend.records()[before:]
     assert len(trace.segments) == 2
-    _assert_exact(trace.segments[1], records[1:])
+    assert_exact(trace.segments[1], records[1:])
     # the edit is rendered as text: its tokens are context (mask 0) in the second segment's prompt
     assert template.decode(records[1]["prompt"]).count("Listing the files.") == 1
 

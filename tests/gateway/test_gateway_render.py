@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gw_helpers import TOOLS, RecordingBackend, as_history, sdk
-from test_gateway import _assert_exact
+from gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
 
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
@@ -146,7 +145,7 @@ def test_llama3_unchanged_history_is_one_segment(llama3: tuple[ChatTemplate, Gat
     client.close()
     records = backend.records()
     assert len(trace.segments) == 1 and records[0]["prompt"][0] == t.bos_prefix[0]
-    _assert_exact(trace.segments[0], records)
+    assert_exact(trace.segments[0], records)
     assert "<|start_header_id|>ipython<|end_header_id|>" in t.decode(records[1]["prompt"], skip_special_tokens=False)
 
 

@@ -1,6 +1,6 @@
 """Harness installs shared by the harness tests.
 
-``spoolrl harness install`` is slow (mini-swe-agent: ~60 s here, 82 distributions), so each install is
+``spoolrl harness install`` is slow (mini-swe-agent: ~60 s here, 82 distributions; Codex CLI from npm ~7 s), so each install is
 made once and kept under ``$SPOOLRL_CACHE/harness-test`` (default /var/cache/spoolrl) in a directory
 named by a hash of the spec and of the installer's source: a change to the installer makes a fresh one.
 ``test_install.py`` makes a fresh install every session (the stand-in harness, a local directory).
@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 STANDIN_SRC = Path(__file__).with_name("standin")
 EXAMPLE_SRC = REPO / "examples" / "harness"
 MINI_SPEC = "mini-swe-agent==2.4.6"  # the pinned, unmodified mini-swe-agent from PyPI
+CODEX_SPEC = "npm:@openai/codex@0.171.0"  # the pinned, unmodified Codex CLI from npm (its static musl binary)
 
 
 def spoolrl(*args: str, timeout_s: float = 900.0) -> subprocess.CompletedProcess[str]:
@@ -77,6 +78,12 @@ def _need_sandbox() -> None:
 @pytest.fixture(scope="session")
 def mini_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cached_install(MINI_SPEC, "mini-swe-agent", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def codex_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cached_install(CODEX_SPEC, "codex", tmp_path_factory,
+                          Path(harness_install.__file__).with_name("harness_npm.py").read_text())
 
 
 @pytest.fixture(scope="session")

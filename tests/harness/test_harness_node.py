@@ -3,7 +3,8 @@ network, the real gateway on its Unix socket, the loopback relay, the real EVAL 
 
 The backend behind the gateway is a stand-in (no LLM here: :class:`ScriptedBackend` returns fixed token
 IDs and records what it was sent). The harnesses are real programs installed by ``spoolrl harness
-install``: the unmodified mini-swe-agent 2.4.6 from PyPI, and a stand-in harness (a stdlib OpenAI
+install``: the unmodified mini-swe-agent 2.4.6 from PyPI, the unmodified Codex CLI 0.171.0 from npm (through
+the gateway's Responses API), and a stand-in harness (a stdlib OpenAI
 client, ``tests/harness/standin``) for the behaviours no real harness shows on demand (history
 truncation, a crash, a hang, a network probe).
 """
@@ -26,6 +27,7 @@ from hpc.rundir import create_run
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
 from rollout_node.agent.policy import Completion, SamplingParams
+from rollout_node.agent.toolcall import format_tool_call
 from rollout_node.gateway.server import Gateway
 from rollout_node.gateway.session import GatewaySampling
 from rollout_node.pipeline.agentscript import bash, byte_template
@@ -42,6 +44,12 @@ WRONG_FIX = bash("sed -i 's/self.start <= x <= self.end/self.start < x <= self.e
 MINI_SUBMIT = bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
 MINI_COMMAND = 'mini -y --exit-immediately -m openai/policy -t "$(cat "$SPOOLRL_TASK_FILE")"'
 MINI_ENV = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors"}
+# Codex CLI: a custom provider on the gateway (Responses API); its own sandbox and approvals off (the episode
+# sandbox confines it); its tools that are not functions (web_search, the multi-agent namespace) off; the task on stdin
+CODEX_COMMAND = ("codex exec --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check --disable multi_agent "
+                 "-c web_search=disabled -m policy -c model_provider=spoolrl -c model_providers.spoolrl.name=spoolrl "
+                 "-c \"model_providers.spoolrl.base_url=\\\"$OPENAI_BASE_URL\\\"\" "
+                 "-c model_providers.spoolrl.env_key=OPENAI_API_KEY -c model_providers.spoolrl.wire_api=responses -")
 
 
 def make_run(tmp_path: Path, prefix: Path, command: str, env: dict[str, str], **rollout: Any) -> tuple[RunPaths, Any]:
@@ -116,6 +124,33 @@ def test_mini_swe_agent_fixes_the_task_in_bwrap_through_the_gateway(tmp_path: Pa
     assert "Interval.contains() includes the end point" in first and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in first
     assert "intervals/interval.py" in trajs[0].metrics["diff"] and ".config" not in trajs[0].metrics["diff"]
     assert len(episode_records(paths)) == 2, "the node's metrics records carry segments_per_episode"
+    assert harness_processes() == []
+
+
+def codex_fix(sed: str) -> str:
+    """A Codex tool call (its ``exec_command`` function) that runs ``sed`` on the task's file."""
+    return format_tool_call("exec_command", {"cmd": f"sed -i '{sed}' intervals/interval.py"})
+
+
+def test_codex_cli_fixes_the_task_in_bwrap_through_the_responses_api(tmp_path: Path, codex_prefix: Path) -> None:
+    template = byte_template()
+    right = ScriptedBackend(template, [codex_fix("s/self.start <= x <= self.end/self.start <= x < self.end/"),
+                                       "Fixed: the end point is excluded."])
+    wrong = ScriptedBackend(template, [codex_fix("s/self.start <= x <= self.end/self.start < x <= self.end/"),
+                                       "Fixed."])
+    paths, cfg = make_run(tmp_path, codex_prefix, CODEX_COMMAND, {})
+    summary = run_node(paths, cfg, tmp_path, [right, wrong])
+    trajs = sorted(written(paths, cfg)[f"{TASK}@e0"], key=lambda t: t.sample_index)
+    assert summary["statuses"] == {"ok": 2}
+    assert [(t.sample_index, t.status, t.reward) for t in trajs] == [(0, Status.OK, 1.0), (1, Status.OK, 0.0)]
+    for t, backend in zip(trajs, (right, wrong), strict=True):
+        assert t.metrics["segments_per_episode"] == 1 and t.metrics["harness_calls"] == 2 == len(backend.prompts)
+        assert t.metrics["harness_exit_code"] == 0 and t.trainable
+        assert_token_exact(t, backend, slice(None))  # Codex resent its items unchanged: one sequence
+    first, second = (template.decode(list(p)) for p in right.prompts)
+    assert "Interval.contains() includes the end point" in first and "exec_command" in first
+    assert "Process exited with code 0" in second  # Codex's function_call_output, rendered as a tool response
+    assert "intervals/interval.py" in trajs[0].metrics["diff"] and ".codex" not in trajs[0].metrics["diff"]
     assert harness_processes() == []
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpc.config import load_config
-from hpc.errors import ConfigError
+from hpc.errors import ConfigError, UsageError
 from rollout_node.pipeline.harness import HARNESS_INSIDE
+from rollout_node.pipeline.harness_npm import link_commands, musl_triple
 from tests.harness.conftest import STANDIN_SRC, spoolrl
 
 
@@ -81,3 +82,26 @@ def test_check_names_a_temperature_the_run_does_not_sample_at(tmp_path: Path, st
     assert episode.startswith("exit 1, 0 gateway calls, 0 segment(s)"), episode
     assert ("the gateway refused a call: HTTP 400 on temperature: temperature 0.5 differs from the run's "
             "inference.temperature 0.7") in episode and "set it to 0.7" in episode
+
+
+def _package(root: Path, name: str, meta: dict[str, object], files: tuple[str, ...] = ()) -> None:
+    pkg = root / "npm" / "node_modules" / name
+    pkg.mkdir(parents=True)
+    (pkg / "package.json").write_text(json.dumps({"name": name, **meta}))
+    for f in files:
+        (pkg / f).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / f).write_text("#!/bin/sh\n")
+
+
+def test_npm_commands_link_the_vendored_static_build_else_the_launcher(tmp_path: Path) -> None:
+    """``npm:`` installs: a command whose package (or a platform dependency) vendors a static musl build links to
+    it, relatively (the prefix is mounted elsewhere in the sandbox); any other command links to npm's launcher."""
+    triple = musl_triple()
+    _package(tmp_path, "@acme/agent", {"version": "1.2.0", "bin": {"agent": "bin/agent.js", "helper": "bin/h.js"}})
+    _package(tmp_path, "@acme/agent-linux", {"version": "1.2.0-linux"}, (f"vendor/{triple}/bin/agent",))
+    packages, commands = link_commands(tmp_path, "@acme/agent@1.2.0")
+    assert commands == ["agent", "helper"] and packages == ["@acme/agent-linux==1.2.0-linux", "@acme/agent==1.2.0"]
+    assert os.readlink(tmp_path / "bin" / "agent") == f"../npm/node_modules/@acme/agent-linux/vendor/{triple}/bin/agent"
+    assert os.readlink(tmp_path / "bin" / "helper") == "../npm/node_modules/.bin/helper"
+    with pytest.raises(UsageError, match="npm installed no @acme/other"):
+        link_commands(tmp_path, "@acme/other@1")
