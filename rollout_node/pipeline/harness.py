@@ -114,12 +114,13 @@ def run_harness(sandbox: object, cfg: HarnessConfig, *, key: str, socket_path: P
 @dataclass
 class ScriptedBackend:
     """A stand-in for the policy's inference servers (no LLM here): answers call ``i`` with ``replies[i]``
-    (then the last one again) as the template's token IDs + end of turn, logprob ``-0.5``, version 0,
-    ``logprob_kind`` "synthetic" unless told (the trainer refuses it). It records every prompt it was sent
-    and every completion it returned. Used by ``spoolrl harness check`` and the tests."""
+    (then the last one again; a callable reply is given the prompt's text and returns the reply) as the
+    template's token IDs + end of turn, logprob ``-0.5``, version 0, ``logprob_kind`` "synthetic" unless
+    told (the trainer refuses it). It records every prompt it was sent and every completion it returned.
+    Used by ``spoolrl harness check`` and the tests."""
 
     template: ChatTemplate
-    replies: Sequence[str]
+    replies: Sequence[str | Callable[[str], str]]
     logprob_kind: str = "synthetic"
     prompts: list[tuple[int, ...]] = field(default_factory=list)
     completions: list[tuple[int, ...]] = field(default_factory=list)
@@ -129,7 +130,8 @@ class ScriptedBackend:
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
         with self._lock:
-            text = self.replies[min(len(self.prompts), len(self.replies) - 1)]
+            reply = self.replies[min(len(self.prompts), len(self.replies) - 1)]
+            text = reply if isinstance(reply, str) else reply(self.template.decode(prompt_ids))
             ids = (*self.template.encode_content(text)[: max(0, sampling.max_tokens - 1)], self.template.im_end)
             self.prompts.append(tuple(prompt_ids))
             self.completions.append(ids)

@@ -6,7 +6,8 @@ The checks, in order (each one line, ``ok`` or ``FAIL``; a failure stops the lat
 (a stdlib client inside the sandbox reaches ``GET /v1/models`` through the loopback relay with the
 session key, and the network beyond is unreachable), and, given a command, ``episode``: the command runs
 once on a scratch git repository against a scripted backend (:class:`~rollout_node.pipeline.harness.ScriptedBackend`:
-it answers with ``CHECK_REPLIES``, tool calls that write a file, then mini-swe-agent's submit command)
+it answers with ``CHECK_REPLIES``: a call of the shell tool the harness offers that writes a file, then
+mini-swe-agent's submit command, then a plain answer that ends a harness like Codex CLI)
 and passes when the harness called the gateway, the trace holds one segment or more, and the working
 tree changed.
 """
@@ -14,10 +15,11 @@ tree changed.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +27,8 @@ from typing import TYPE_CHECKING
 from hpc.config.rollout import HarnessConfig
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SpoolrlError
-from rollout_node.pipeline.agentscript import bash, byte_template
+from rollout_node.agent.toolcall import format_tool_call
+from rollout_node.pipeline.agentscript import byte_template
 from rollout_node.pipeline.harness import ScriptedBackend, run_harness
 from rollout_node.pipeline.harness_install import InstallManifest
 
@@ -36,7 +39,23 @@ if TYPE_CHECKING:
     from rollout_node.sandbox.sandbox import Sandbox
 
 CHECK_FILE = "SPOOLRL_HARNESS_CHECK.txt"
-CHECK_REPLIES = (bash(f"echo harness-check > {CHECK_FILE}"), bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"))
+# the shell tools of the harnesses we know, (tool, its command argument): Codex CLI's, then mini-swe-agent's
+SHELL_TOOLS = (("exec_command", "cmd"), ("bash", "command"), ("shell", "command"))
+
+
+def shell_call(command: str) -> Callable[[str], str]:
+    """A scripted reply that runs ``command`` through the first of :data:`SHELL_TOOLS` the prompt offers
+    (its rendered tools), else through ``bash`` (a harness that sends no tools: the built-in agent's format)."""
+    def reply(prompt: str) -> str:
+        offered = [(tool, arg) for tool, arg in SHELL_TOOLS if re.search(rf'"name":\s*"{tool}"', prompt)]
+        tool, arg = offered[0] if offered else SHELL_TOOLS[1]
+        return format_tool_call(tool, {arg: command})
+    return reply
+
+
+# write the file, then mini-swe-agent's submit command; a harness that ends on a plain answer (Codex) gets one
+CHECK_REPLIES = (shell_call(f"echo harness-check > {CHECK_FILE}"), shell_call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+                 "The file is written.")
 CHECK_TASK = f"Create the file {CHECK_FILE} holding the line 'harness-check'."
 # inside the sandbox: the gateway through the relay, then the outside world (which must be unreachable)
 PROBE = """import json, os, socket, urllib.request
@@ -73,7 +92,7 @@ def _git_repo(path: Path) -> None:
 
 
 def check_install(prefix: Path, sandbox: SandboxConfig, command: str = "", env: dict[str, str] | None = None,
-                  *, temperature: float = 1.0, replies: Sequence[str] = CHECK_REPLIES,
+                  *, temperature: float = 1.0, replies: Sequence[str | Callable[[str], str]] = CHECK_REPLIES,
                   timeout_s: float = 300.0) -> list[Check]:
     """Run the checks of the module docstring (the gateway samples at ``temperature``, the run's
     ``inference.temperature``: a harness that asks for another one fails the episode check, as it would

@@ -35,6 +35,7 @@ from rollout_node.pipeline.bindings import RealTaskOps
 from rollout_node.pipeline.harness import HARNESS_INSIDE, HarnessPolicy, ScriptedBackend
 from rollout_node.pipeline.node import NodeOptions, RolloutNode
 from rollout_node.pipeline.sizing import Workers
+from tests.harness.conftest import spoolrl
 from tests.pipeline.readback import written
 from train_node.trainer.consumer import Consumer
 
@@ -152,6 +153,16 @@ def test_codex_cli_fixes_the_task_in_bwrap_through_the_responses_api(tmp_path: P
     assert "Process exited with code 0" in second  # Codex's function_call_output, rendered as a tool response
     assert "intervals/interval.py" in trajs[0].metrics["diff"] and ".codex" not in trajs[0].metrics["diff"]
     assert harness_processes() == []
+
+
+def test_harness_check_passes_codex_through_its_own_shell_tool(codex_prefix: Path) -> None:
+    """``spoolrl harness check DIR --command <codex exec ...>``: the scripted check calls the shell tool Codex
+    offers (``exec_command``, not mini-swe-agent's ``bash``), then ends it with a plain answer."""
+    check = spoolrl("harness", "check", str(codex_prefix), "--command", CODEX_COMMAND)
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["ok   install", "ok   scripts", "ok   gateway", "ok   episode"], lines
+    assert "working tree changed" in lines[3] and "1 segment(s)" in lines[3], lines[3]
 
 
 def test_standin_harness_outcomes_segments_and_no_network(tmp_path: Path, standin_prefix: Path) -> None:

@@ -11,7 +11,9 @@ import pytest
 
 from hpc.config import load_config
 from hpc.errors import ConfigError, UsageError
+from rollout_node.agent.toolcall import format_tool_call
 from rollout_node.pipeline.harness import HARNESS_INSIDE
+from rollout_node.pipeline.harness_check import shell_call
 from rollout_node.pipeline.harness_npm import link_commands, musl_triple
 from tests.harness.conftest import STANDIN_SRC, spoolrl
 
@@ -105,3 +107,14 @@ def test_npm_commands_link_the_vendored_static_build_else_the_launcher(tmp_path:
     assert os.readlink(tmp_path / "bin" / "helper") == "../npm/node_modules/.bin/helper"
     with pytest.raises(UsageError, match="npm installed no @acme/other"):
         link_commands(tmp_path, "@acme/other@1")
+
+
+def test_the_check_replies_call_the_shell_tool_the_harness_offers() -> None:
+    """Codex CLI offers ``exec_command`` (argument ``cmd``), mini-swe-agent ``bash`` (``command``); a harness that
+    sends no tools gets ``bash``, the built-in agent's format."""
+    reply = shell_call("echo hi")
+    codex = 'tools: [{"type": "function", "function": {"name": "exec_command", "parameters": {}}}, {"name": "bash"}]'
+    assert reply(codex) == format_tool_call("exec_command", {"cmd": "echo hi"})
+    assert reply('<tools>{"name": "bash", "parameters": {}}</tools>') == format_tool_call("bash", {"command": "echo hi"})
+    assert reply("no tools in this prompt") == format_tool_call("bash", {"command": "echo hi"})
+    assert reply('{"name":"shell"}') == format_tool_call("shell", {"command": "echo hi"})
