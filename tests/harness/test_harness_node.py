@@ -107,11 +107,11 @@ def episode_records(paths: RunPaths) -> list[str]:
             if '"episode"' in line and "segments_per_episode" in line]
 
 
-def test_mini_swe_agent_fixes_the_task_in_bwrap_through_the_gateway(tmp_path: Path, mini_prefix: Path) -> None:
-    template = byte_template()
-    right = ScriptedBackend(template, [RIGHT_FIX, MINI_SUBMIT])
-    wrong = ScriptedBackend(template, [WRONG_FIX, MINI_SUBMIT])
-    paths, cfg = make_run(tmp_path, mini_prefix, MINI_COMMAND, MINI_ENV)
+def right_and_wrong(tmp_path: Path, prefix: Path, command: str, env: dict[str, str],
+                    right: ScriptedBackend, wrong: ScriptedBackend) -> tuple[RunPaths, list[Trajectory]]:
+    """One group of two samples, the right fix then the wrong one: rewards 1 and 0, both trainable, each one
+    token-exact segment of 2 gateway calls (the harness resent its history unchanged)."""
+    paths, cfg = make_run(tmp_path, prefix, command, env)
     summary = run_node(paths, cfg, tmp_path, [right, wrong])
     trajs = sorted(written(paths, cfg)[f"{TASK}@e0"], key=lambda t: t.sample_index)
     assert summary["statuses"] == {"ok": 2}
@@ -120,6 +120,14 @@ def test_mini_swe_agent_fixes_the_task_in_bwrap_through_the_gateway(tmp_path: Pa
         assert t.metrics["segments_per_episode"] == 1 and t.metrics["harness_calls"] == 2 == len(backend.prompts)
         assert t.metrics["harness_exit_code"] == 0 and t.trainable
         assert_token_exact(t, backend, slice(None))
+    return paths, trajs
+
+
+def test_mini_swe_agent_fixes_the_task_in_bwrap_through_the_gateway(tmp_path: Path, mini_prefix: Path) -> None:
+    template = byte_template()
+    right = ScriptedBackend(template, [RIGHT_FIX, MINI_SUBMIT])
+    wrong = ScriptedBackend(template, [WRONG_FIX, MINI_SUBMIT])
+    paths, trajs = right_and_wrong(tmp_path, mini_prefix, MINI_COMMAND, MINI_ENV, right, wrong)
     # the harness saw the task (mini renders it into its first user message) and the tool's output
     first = template.decode(list(right.prompts[0]))
     assert "Interval.contains() includes the end point" in first and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in first
@@ -139,15 +147,7 @@ def test_codex_cli_fixes_the_task_in_bwrap_through_the_responses_api(tmp_path: P
                                        "Fixed: the end point is excluded."])
     wrong = ScriptedBackend(template, [codex_fix("s/self.start <= x <= self.end/self.start < x <= self.end/"),
                                        "Fixed."])
-    paths, cfg = make_run(tmp_path, codex_prefix, CODEX_COMMAND, {})
-    summary = run_node(paths, cfg, tmp_path, [right, wrong])
-    trajs = sorted(written(paths, cfg)[f"{TASK}@e0"], key=lambda t: t.sample_index)
-    assert summary["statuses"] == {"ok": 2}
-    assert [(t.sample_index, t.status, t.reward) for t in trajs] == [(0, Status.OK, 1.0), (1, Status.OK, 0.0)]
-    for t, backend in zip(trajs, (right, wrong), strict=True):
-        assert t.metrics["segments_per_episode"] == 1 and t.metrics["harness_calls"] == 2 == len(backend.prompts)
-        assert t.metrics["harness_exit_code"] == 0 and t.trainable
-        assert_token_exact(t, backend, slice(None))  # Codex resent its items unchanged: one sequence
+    _, trajs = right_and_wrong(tmp_path, codex_prefix, CODEX_COMMAND, {}, right, wrong)  # Codex resends its items
     first, second = (template.decode(list(p)) for p in right.prompts)
     assert "Interval.contains() includes the end point" in first and "exec_command" in first
     assert "Process exited with code 0" in second  # Codex's function_call_output, rendered as a tool response
