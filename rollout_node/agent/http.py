@@ -8,6 +8,10 @@ Guarantees:
   retried once on a fresh connection (that is keep-alive housekeeping, not a failure).
 - With a ``token`` every request carries ``Authorization: Bearer <token>`` (the run secret: the
   run's inference servers require it on every route but ``/health`` by default).
+- Abortable: with ``abort`` (a callable), the wait for the answer is cut into 0.25-s slices and, when
+  ``abort()`` turns true (the episode was cancelled or stopped), the connection is closed and
+  :class:`RequestAborted` raised at once, rather than holding the caller until the server answers or
+  the timeout passes. The whole wait stays bounded by the transport's timeout.
 - Failures are classified: :class:`TransientHTTPError` (connect refused/reset, timeout, 408/429/5xx,
   unreadable body: worth a retry or a failover) vs :class:`FatalHTTPError` (other 4xx: the request
   itself is wrong; retrying cannot help).
@@ -17,8 +21,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +38,10 @@ class TransientHTTPError(Exception):
 
 class FatalHTTPError(Exception):
     """The server rejected the request itself (4xx); the same request will fail again."""
+
+
+class RequestAborted(Exception):
+    """The caller's ``abort()`` turned true while its request was in flight; the connection was closed."""
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -69,6 +80,7 @@ class HTTPTransport:
         self.url = url
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._new = _connection_factory(url, timeout_s)
+        self.timeout_s = timeout_s
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self.max_idle = max_idle
@@ -86,39 +98,60 @@ class HTTPTransport:
                 return
         conn.close()
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """Send one request; the decoded JSON answer, or a Transient/FatalHTTPError."""
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                abort: Callable[[], bool] | None = None) -> Any:
+        """Send one request; the decoded JSON answer, or a Transient/FatalHTTPError (RequestAborted when
+        ``abort()`` turned true while waiting)."""
         payload = json.dumps(body).encode() if body is not None else None
         conn, reused = self._take()
         try:
-            status, data = self._roundtrip(conn, method, path, payload, self._auth)
+            status, data = self._roundtrip(conn, method, path, payload, abort)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
             conn.close()
             if not reused:
                 raise TransientHTTPError(f"{self.url}: connection lost ({exc!r})") from exc
             conn = self._new()  # the server had closed the idle keep-alive connection
-            status, data = self._guarded(conn, method, path, payload)
+            status, data = self._guarded(conn, method, path, payload, abort)
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise TransientHTTPError(f"{self.url}: {exc!r}") from exc
+        except RequestAborted:
+            conn.close()
+            raise
         self._give_back(conn)
         return _decode(self.url, path, status, data)
 
     def _guarded(self, conn: http.client.HTTPConnection, method: str, path: str,
-                 payload: bytes | None) -> tuple[int, bytes]:
+                 payload: bytes | None, abort: Callable[[], bool] | None) -> tuple[int, bytes]:
         try:
-            return self._roundtrip(conn, method, path, payload, self._auth)
+            return self._roundtrip(conn, method, path, payload, abort)
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise TransientHTTPError(f"{self.url}: {exc!r}") from exc
+        except RequestAborted:
+            conn.close()
+            raise
 
-    @staticmethod
-    def _roundtrip(conn: http.client.HTTPConnection, method: str, path: str, payload: bytes | None,
-                   auth: dict[str, str]) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json", **auth} if payload is not None else dict(auth)
+    def _roundtrip(self, conn: http.client.HTTPConnection, method: str, path: str, payload: bytes | None,
+                   abort: Callable[[], bool] | None) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json", **self._auth} if payload is not None else dict(self._auth)
         conn.request(method, path, body=payload, headers=headers)
+        if abort is not None:
+            self._await_answer(conn, abort)
         resp = conn.getresponse()
         return resp.status, resp.read()
+
+    def _await_answer(self, conn: http.client.HTTPConnection, abort: Callable[[], bool]) -> None:
+        """Until the answer's first bytes arrive: check ``abort()`` every 0.25 s (the caller closes the
+        connection on RequestAborted); the whole wait bounded by the timeout, as a blocking read is."""
+        end = time.monotonic() + self.timeout_s
+        readable = select.poll()  # not select(): a node with many episodes has descriptors above 1024
+        readable.register(conn.sock, select.POLLIN)
+        while not readable.poll(1000 * min(0.25, max(0.0, end - time.monotonic()))):
+            if abort():
+                raise RequestAborted(f"{self.url}: the request was abandoned while in flight")
+            if time.monotonic() >= end:
+                raise TimeoutError(f"no answer within {self.timeout_s:g} s")
 
     def close(self) -> None:
         with self._lock:

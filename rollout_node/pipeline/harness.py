@@ -226,5 +226,5 @@ def build_harness_policy(paths: RunPaths, config: RunConfig, *, client: Inferenc
     socket_path = user_scratch(config.sandbox) / f"gw-{os.getpid()}-{secrets.token_hex(3)}.sock"
     gateway = Gateway(socket_path).start()
     return cls(config.rollout.harness, gateway, template, sampling_for,
-                         lambda ctx: VersionTap(client.session(ctx.task_id, ctx.patient), ctx), on_close=client.close,
+                         lambda ctx: VersionTap(client.session(ctx.task_id, ctx.patient, ctx.stop_event.is_set), ctx), on_close=client.close,
                          not_ready=lambda: "" if client.endpoints.live() else "no_inference_server")

@@ -109,7 +109,7 @@ class LLMPolicy:
         self._learn_context_len()
         limits = self.episode_limits(ctx)
         loop = self.loop.with_limits(limits)
-        policy = VersionTap(self.client.session(ctx.task_id, ctx.patient), ctx)
+        policy = VersionTap(self.client.session(ctx.task_id, ctx.patient, ctx.stop_event.is_set), ctx)
         tools = SandboxTools(ctx.sandbox, timeout_s=ctx.tool_timeout_s)  # never past the RUN deadline
         seed = EpisodeSeed(self.run_seed, ctx.task_id, ctx.sample_index, ctx.attempt)
         messages = task_messages(ctx.task.problem_statement or ctx.task_id, system=self.system)

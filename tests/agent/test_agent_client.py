@@ -270,3 +270,20 @@ def test_client_defaults_are_the_configs() -> None:
     assert RetryPolicy() == RetryPolicy.from_config(cfg)
     client = InferenceClient(["http://127.0.0.1:1"])
     assert (client.request_timeout_s, client.max_concurrent) == (cfg.request_timeout_s, cfg.max_concurrent_per_server)
+
+
+def test_a_stopped_episode_abandons_its_request_in_flight(engines: list[FakeEngine]) -> None:
+    """The server takes 30 s; the episode stops after 0.5 s: the request is abandoned within a slice and its
+    connection closed (the server sees the client go), not held until the answer or the 120-s timeout."""
+    e, url = _start(engines, delay_s=30.0)
+    client = InferenceClient([url], retry=FAST)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(InferenceError, match="stopped while its request"):
+        client.session("ep", stopped=stop.is_set).generate([1, 2], SAMPLING)
+    assert 0.4 < time.monotonic() - t0 < 3.0
+    assert len(e.requests) == 1, "abandoned, not retried"
+    # a session that is not stopped still gets its answer over the same transport
+    e.delay_s = 0.0
+    assert client.session("ep2", stopped=lambda: False).generate([3], SAMPLING).token_ids
