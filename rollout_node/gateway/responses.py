@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, check_sampling, load_body
+from rollout_node.gateway.wire import ChatAnswer, ChatRequest, WireError, check_sampling, load_body, tool_choice
 
 # top-level fields that need server-side state or change what the model sees: refused while set
 _STATEFUL = {"previous_response_id": "the gateway stores no responses",
@@ -167,15 +167,6 @@ def chat_tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def _tool_choice(choice: Any) -> str:
-    if choice is None or choice in ("auto", "none", "required"):
-        return str(choice or "auto")
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return "function"
-    raise WireError(f"tool_choice {str(choice)[:80]}: use auto, none, required or {{'type': 'function', 'name': ...}}",
-                    param="tool_choice")
-
-
 def _check_stateless(body: Mapping[str, Any]) -> None:
     for key, why in _STATEFUL.items():
         if body.get(key) is not None:
@@ -213,7 +204,7 @@ def parse_responses(raw: bytes, temperature: float) -> ResponsesRequest:
         raise WireError("input is required", param="input")
     limit = _max_output_tokens(body)
     chat = ChatRequest(messages=tuple(input_messages(instructions, body["input"])), tools=chat_tools(body),
-                       tool_choice=_tool_choice(body.get("tool_choice")), max_tokens=limit,
+                       tool_choice=tool_choice(body.get("tool_choice")), max_tokens=limit,
                        stream=bool(body.get("stream")), model=str(body.get("model") or ""))
     return ResponsesRequest(chat=chat, instructions=instructions, tools=tuple(body.get("tools") or ()),
                             tool_choice=body.get("tool_choice") or "auto",
@@ -284,7 +275,7 @@ class ResponsesAnswer:
         events: list[dict[str, Any]] = [{"type": "response.created", "response": self.body(final=False)},
                                         {"type": "response.in_progress", "response": self.body(final=False)}]
         index = 0
-        if self.message_item() is not None:
+        if self.answer.content:
             events += self._message_events(index)
             index += 1
         for j, item in enumerate(self.call_items()):

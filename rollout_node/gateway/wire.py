@@ -115,15 +115,18 @@ def _tools(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     return tuple(tools)
 
 
-def _tool_choice(body: Mapping[str, Any]) -> str:
-    choice = body.get("tool_choice")
+def tool_choice(choice: Any) -> str:
+    """A request's ``tool_choice`` as the session uses it: auto (also when absent), none, required, or
+    ``function`` for a named function (chat's ``{'type': 'function', 'function': {...}}`` and the Responses
+    API's ``{'type': 'function', 'name': ...}``: the gateway renders the tools alike either way)."""
     if choice is None:
         return "auto"
     if choice in ("auto", "none", "required"):
         return str(choice)
     if isinstance(choice, dict) and choice.get("type") == "function":
         return "function"
-    raise WireError(f"tool_choice {str(choice)[:80]}: use auto, none, required or a function", param="tool_choice")
+    raise WireError(f"tool_choice {str(choice)[:80]}: use auto, none, required or {{'type': 'function', ...}}",
+                    param="tool_choice")
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
@@ -166,7 +169,7 @@ def parse_request(raw: bytes, temperature: float) -> ChatRequest:
         raise WireError("messages must be a non-empty list of message objects", param="messages")
     check_sampling(body, temperature)
     options = body.get("stream_options") or {}
-    return ChatRequest(messages=tuple(messages), tools=_tools(body), tool_choice=_tool_choice(body),
+    return ChatRequest(messages=tuple(messages), tools=_tools(body), tool_choice=tool_choice(body.get("tool_choice")),
                        max_tokens=_max_tokens(body), stop=_stop(body), stream=bool(body.get("stream")),
                        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
                        model=str(body.get("model") or ""))

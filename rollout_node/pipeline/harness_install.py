@@ -128,6 +128,14 @@ def _new_prefix(prefix: Path) -> Path:
     return prefix
 
 
+def _commit(build: Path, prefix: Path, manifest: InstallManifest) -> None:
+    """Publish a finished build: its manifest written, then the whole directory renamed onto ``prefix`` (on the
+    same filesystem, so a reader sees no install or all of it)."""
+    (build / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1) + "\n")
+    os.chmod(build, 0o755)
+    os.replace(build, prefix)
+
+
 def install_npm(spec: str, prefix: Path, timeout_s: float = INSTALL_TIMEOUT_S) -> InstallManifest:
     """``npm:PACKAGE`` at ``prefix`` (:mod:`rollout_node.pipeline.harness_npm`): npm on the host, no sandbox."""
     package = spec.removeprefix(NPM_SPEC)
@@ -136,9 +144,7 @@ def install_npm(spec: str, prefix: Path, timeout_s: float = INSTALL_TIMEOUT_S) -
         npm_install(package, build / NPM_DIR, timeout_s)
         packages, commands = link_commands(build, package)
         manifest = InstallManifest(spec, "none (npm)", packages, commands)
-        (build / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1) + "\n")
-        os.chmod(build, 0o755)
-        os.replace(build, prefix)
+        _commit(build, prefix, manifest)
     return manifest
 
 
@@ -173,8 +179,6 @@ def install(spec: str, prefix: Path, sandbox: SandboxConfig, *, image: str | Non
                                f"(exit {result.exit_code}):\n{result.output[-3000:]}")
         listing = json.loads(str(result.output).strip().splitlines()[-1])
         manifest = InstallManifest(spec, listing["python"], listing["distributions"], listing["console_scripts"])
-        (build / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1) + "\n")
-        os.chmod(build, 0o755)
-        os.replace(build, prefix)
+        _commit(build, prefix, manifest)
     return manifest
 

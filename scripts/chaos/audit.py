@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.paths import RunPaths
 from hpc.trajectory import Status
-from scripts.chaos.harness import KILL_NAME, ROLES, RUNDOWN_BOUND_S
+from scripts.chaos.harness import KILL_NAME, RUNDOWN_BOUND_S, unkilled_roles
 from scripts.chaos.observe import ZOMBIE_BOUND_S
 from scripts.chaos.procs import ancestors, process_table
 
@@ -141,8 +141,7 @@ def check_leaks(found: dict[str, list[str]], zombie_longest_s: float) -> Check:
 
 def check_chaos(kills: dict[str, dict[str, int]], resumes: int) -> Check:
     """``kills``: role -> phase -> count, as :meth:`Harness.kills_by_role` gives them."""
-    names = [KILL_NAME.get(r, r) for r in ROLES]
-    never = [n for n in names if not sum(kills.get(n, {}).values())]
+    never = [KILL_NAME.get(r, r) for r in unkilled_roles(kills)]
     return Check("chaos", not never and resumes == 1, {"never_killed": never, "whole_run_resumes": resumes})
 
 

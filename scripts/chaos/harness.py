@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 SPOOLRL = [sys.executable, "-m", "hpc.cli"]
 ROLES = ("infer", "trainer", "rollout", "raas")
 KILL_NAME = {"infer": "infer-server"}  # the infer role's kills hit its engine process; the node restarts it
+
+
+def unkilled_roles(kills: dict[str, dict[str, int]]) -> list[str]:
+    """The roles (names of ROLES) with no kill in ``kills`` (kill name -> phase -> count, as
+    :meth:`Harness.kills_by_role` gives them): what the scheduler still owes and the chaos check fails on."""
+    return [r for r in ROLES if not sum(kills.get(KILL_NAME.get(r, r), {}).values())]
 RUNDOWN_BOUND_S = 60.0
 STOP_GRACE_S = 60.0  # SIGTERM, then SIGKILL: a time limit's KillWait
 # the rollout-server beside the run has a secret of its own: it reaches the run's inference server as a
@@ -76,8 +82,7 @@ class Harness:
 
     def unkilled(self) -> list[str]:
         """The roles (names of ROLES) the soak has not SIGKILLed yet."""
-        killed = {role for role, _ in self.kills}
-        return [r for r in ROLES if KILL_NAME.get(r, r) not in killed]
+        return unkilled_roles(self.kills_by_role())
 
     def kills_by_role(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
