@@ -54,8 +54,14 @@ def _train_node(args: argparse.Namespace) -> int:
 
     opts = Options(instance_ids=instance_ids_for(task_file(cfg.tasks.source)), max_idle_s=args.max_idle_s)
     trainer = Trainer(paths.root, cfg, opts)
-    trainer.setup()
-    return trainer.run()
+    try:
+        trainer.setup()
+        return trainer.run()
+    finally:  # the process owns the group: gloo and NCCL torn down here, not by an interpreter exit
+        import torch.distributed as tdist
+
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
