@@ -56,3 +56,34 @@ def test_a_pass_rate_of_0_or_1_before_rl_stops_the_bench() -> None:
     for rate in (0.0, 1.0):
         with pytest.raises(SystemExit, match="--warm-steps"):
             bench.check_learnable(rate)
+
+
+def test_tune_chooses_the_lr_on_the_training_set_and_never_touches_the_heldout_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune``: every evaluation it runs is on ``builtin-lookup``; the best training-set pass rate wins and
+    a tie goes to the smaller lr."""
+    bench = load_script("bench_learning_real")
+    args = bench.parse_args(["--tune", "4e-4,1e-4,2e-5", "--k", "1"])
+    trained: dict[str, list[str]] = {}
+    rates = {"tune-base": 0.5, "tune-lr0.0004": 0.0, "tune-lr0.0001": 0.625, "tune-lr2e-05": 0.625}
+    sets: list[str] = []
+
+    def run_demo(run: Path, steps: int, overrides: list[str]) -> float:
+        trained[run.name] = overrides
+        return 1.0
+
+    def evaluate(name: str, policy: Path, tokenizer: Path, out: Path, a: object, source: str = "") -> dict:
+        sets.append(source)
+        return {"pass_rate": rates[name]}
+
+    monkeypatch.setattr(bench, "run_demo", run_demo)
+    monkeypatch.setattr(bench, "evaluate", evaluate)
+    monkeypatch.setattr(bench, "last_policy", lambda run: run)
+    assert bench.tune(tmp_path / "m", tmp_path, args) == 2e-5
+    assert sets == ["builtin-lookup"] * 4
+    for name, lr in (("tune-lr0.0004", "0.0004"), ("tune-lr0.0001", "0.0001"), ("tune-lr2e-05", "2e-05")):
+        overrides = trained[name]
+        assert overrides[-1] == f"trainer.lr={lr}" and "tasks.source=builtin-lookup" in overrides
+    assert '"phase": "tuned", "lr": 2e-05' in capsys.readouterr().out
+    ev = bench.eval_overrides(tmp_path, tmp_path, args, bench.TRAIN)
+    assert "tasks.source=builtin-lookup" in ev and "tasks.epochs=1" in ev
