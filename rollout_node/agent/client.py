@@ -215,10 +215,10 @@ class InferenceClient:
             srv.failures += 1
             srv.cooldown_until = time.monotonic() + self.retry.cooldown_s
 
-    def _model_of(self, srv: _Server) -> str | None:
+    def _model_of(self, srv: _Server, abort: Callable[[], bool] | None = None) -> str | None:
         if self.model is not None or srv.model is not None:
             return self.model or srv.model
-        data = srv.transport.request("GET", "/v1/models")
+        data = srv.transport.request("GET", "/v1/models", abort=abort)
         try:
             srv.model = str(data["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
@@ -246,7 +246,7 @@ class InferenceClient:
                 "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
                 "return_weight_versions": True, **sampling.as_dict(),
             }
-            model = self._model_of(srv)
+            model = self._model_of(srv, abort)
             if model is not None:
                 body["model"] = model
             if body["seed"] is None:

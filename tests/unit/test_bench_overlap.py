@@ -17,6 +17,7 @@ from tests.scripts_loader import load_script
 
 FIXTURE = Path(__file__).with_name("data") / "bench_overlap_cells.json"
 SIGNAL_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_signal_cells.json"  # its "note" says what ran
+QUIET_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_quiet_cells.json"  # its "note" says what ran
 
 
 def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_min_capacity_bound(
@@ -91,6 +92,19 @@ def test_the_model_reproduces_the_bench_with_the_trainer_waiting_signal() -> Non
     assert on["sim_samples_per_hour"] > 1.5 * off["sim_samples_per_hour"], (on, off)
     checks = sim.validate(ratio_one, reps=4)
     assert len(checks) == 10 and all(abs(c["error"]) <= 0.10 for c in checks), checks
+
+
+def test_the_model_reproduces_every_quiet_cell_with_13_step_windows() -> None:
+    """Issue 35's target, every cell within 10 %, on the 12 cells measured on a quiet machine with 13 measured
+    steps a cell (the fixture's note): measured 0.9 % off at worst and the trainer idle within 1 point, including
+    the two runs at a nominal ratio of 1 that idled 13.0 % and 3.2 % at staleness 2."""
+    sim = load_script("sim_overlap")
+    checks = [c for run in json.loads(QUIET_FIXTURE.read_text())["runs"] for c in sim.validate(run, reps=4)]
+    assert len(checks) == 12 and all(abs(c["error"]) <= 0.10 for c in checks), checks
+    for c in checks:
+        assert c["sim_trainer_idle"] == pytest.approx(c["bench_trainer_idle"], abs=0.02), c
+    at_one = sorted(c["bench_trainer_idle"] for c in checks if c["ratio"] == 1.0 and c["max_staleness"] == 2)
+    assert at_one == pytest.approx([0.0319, 0.1303], abs=1e-4)
 
 
 def _one_group_sim(sim: ModuleType, age: float, signal: bool = False) -> Any:
