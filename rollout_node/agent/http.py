@@ -115,9 +115,6 @@ class HTTPTransport:
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise TransientHTTPError(f"{self.url}: {exc!r}") from exc
-        except RequestAborted:
-            conn.close()
-            raise
         self._give_back(conn)
         return _decode(self.url, path, status, data)
 
@@ -128,9 +125,6 @@ class HTTPTransport:
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise TransientHTTPError(f"{self.url}: {exc!r}") from exc
-        except RequestAborted:
-            conn.close()
-            raise
 
     def _roundtrip(self, conn: http.client.HTTPConnection, method: str, path: str, payload: bytes | None,
                    abort: Callable[[], bool] | None) -> tuple[int, bytes]:
@@ -142,13 +136,14 @@ class HTTPTransport:
         return resp.status, resp.read()
 
     def _await_answer(self, conn: http.client.HTTPConnection, abort: Callable[[], bool]) -> None:
-        """Until the answer's first bytes arrive: check ``abort()`` every 0.25 s (the caller closes the
-        connection on RequestAborted); the whole wait bounded by the timeout, as a blocking read is."""
+        """Until the answer's first bytes arrive: check ``abort()`` every 0.25 s (and when it turns
+        true, close the connection and raise RequestAborted); the whole wait bounded by the timeout, as a blocking read is."""
         end = time.monotonic() + self.timeout_s
         readable = select.poll()  # not select(): a node with many episodes has descriptors above 1024
         readable.register(conn.sock, select.POLLIN)
         while not readable.poll(1000 * min(0.25, max(0.0, end - time.monotonic()))):
             if abort():
+                conn.close()
                 raise RequestAborted(f"{self.url}: the request was abandoned while in flight")
             if time.monotonic() >= end:
                 raise TimeoutError(f"no answer within {self.timeout_s:g} s")

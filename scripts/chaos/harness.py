@@ -31,12 +31,6 @@ if TYPE_CHECKING:
 SPOOLRL = [sys.executable, "-m", "hpc.cli"]
 ROLES = ("infer", "trainer", "rollout", "raas")
 KILL_NAME = {"infer": "infer-server"}  # the infer role's kills hit its engine process; the node restarts it
-
-
-def unkilled_roles(kills: dict[str, dict[str, int]]) -> list[str]:
-    """The roles (names of ROLES) with no kill in ``kills`` (kill name -> phase -> count, as
-    :meth:`Harness.kills_by_role` gives them): what the scheduler still owes and the chaos check fails on."""
-    return [r for r in ROLES if not sum(kills.get(KILL_NAME.get(r, r), {}).values())]
 RUNDOWN_BOUND_S = 60.0
 STOP_GRACE_S = 60.0  # SIGTERM, then SIGKILL: a time limit's KillWait
 # the rollout-server beside the run has a secret of its own: it reaches the run's inference server as a
@@ -46,6 +40,12 @@ RAAS_OVERRIDES = ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "spoo
                   "spool.heartbeat_interval_s=1", "spool.shard_max_trajectories=1", "spool.lease_s=30",
                   "rollout.run_workers=2", "rollout.init_workers=1", "rollout.eval_workers=1",
                   "inference.max_retries=1", "rollout.max_retries=1", f"service.timeout_s={SERVICE_TIMEOUT_S}"]
+
+
+def unkilled_roles(kills: dict[str, dict[str, int]]) -> list[str]:
+    """The roles (names of ROLES) with no kill in ``kills`` (kill name -> phase -> count, as
+    :meth:`Harness.kills_by_role` gives them): what the scheduler still owes and the chaos check fails on."""
+    return [r for r in ROLES if not sum(kills.get(KILL_NAME.get(r, r), {}).values())]
 
 
 class Harness:
