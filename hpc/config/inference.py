@@ -39,6 +39,10 @@ class InferenceConfig:
                             min=0, resumable=True)
     cpu_max_batch: int = knob(32, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
                               resumable=True)
+    cpu_prefix_cache_mb: int = knob(1024, doc="engine 'cpu': MiB of KV kept from finished requests, so a prompt "
+                                    "that starts with the same tokens (an agent's next turn, a group's shared "
+                                    "prompt) forwards only the rest; emptied at every weight reload (0 = off)",
+                                    min=0, resumable=True)
     dtype: Literal["auto", "float32", "bfloat16"] = knob(
         "auto", doc="weights dtype ('auto': float32 on the CPU engine, vLLM's own 'auto' on vLLM, which serves "
         "fp32 checkpoints in 16 bits; logprobs then differ from an fp32 forward pass by ~0.03)")

@@ -10,7 +10,7 @@ import pytest
 from infer_helpers import forward_logprobs, http
 
 from hpc.httpserver import HttpServer
-from train_node.infer.engine import Engine, Sequence, load_model
+from train_node.infer.engine import Engine, PrefixCache, Sequence, load_model
 from train_node.infer.httpbase import route_app
 from train_node.infer.protocol import SamplingParams
 from train_node.infer.server import App, ServeOptions, make_handler
@@ -93,6 +93,95 @@ def test_swap_between_decode_steps_is_exact(models: dict[str, Path]) -> None:
             assert _max_diff(models["a"], s, 7, 20) > 0.1
     finally:
         engine.close()
+
+
+def _run(engine: Engine, seq: Sequence) -> Sequence:
+    engine.submit([seq])
+    assert seq.done.wait(120) and seq.error is None
+    return seq
+
+
+def test_the_prefix_cache_serves_an_agents_next_turn_exactly(models: dict[str, Path]) -> None:
+    """A second turn re-sends the first turn's prompt and answer plus an observation: only the tokens after
+    what the first turn forwarded are prefilled, and its logprobs still match HF's forward pass."""
+    engine = Engine(load_model(models["a"], 0), max_batch=8, prefix_cache_mb=64)
+    try:
+        first = _run(engine, _seq(list(range(30, 90)), 12, 0))
+        assert len(engine.prefix) == 1 and engine.prefilled_tokens == 60
+        forwarded = 60 + 12 - 1  # the last sampled token was never forwarded
+        second = _run(engine, _seq(list(first.prompt) + first.token_ids + list(range(500, 540)), 10, 1))
+        assert engine.prefix.hits == 1 and engine.prefix.reused_tokens == forwarded
+        assert engine.prefilled_tokens == 60 + len(second.prompt) - forwarded
+        assert _max_diff(models["a"], second) < TOL
+        assert len(engine.prefix) == 1  # the second turn's entry holds the first's: one entry serves both
+        # a group-mate's prompt shares only the first 40 tokens: it reuses those, and is exact too
+        mate = _run(engine, _seq(list(range(30, 70)) + [7] * 25, 6, 2))
+        assert engine.prefix.hits == 2 and engine.prefix.reused_tokens == forwarded + 40
+        assert _max_diff(models["a"], mate) < TOL
+        # an unrelated prompt is prefilled whole
+        before = engine.prefilled_tokens
+        _run(engine, _seq(list(range(900, 950)), 4, 3))
+        assert engine.prefix.hits == 2 and engine.prefilled_tokens == before + 50
+    finally:
+        engine.close()
+
+
+def test_the_prefix_cache_is_emptied_when_new_weights_serve(models: dict[str, Path]) -> None:
+    """After a swap, a prompt that extends a finished one is prefilled whole by the new weights (a KV
+    computed by the old weights would make the new version's logprobs wrong)."""
+    engine = Engine(load_model(models["a"], 0), max_batch=8, prefix_cache_mb=64)
+    try:
+        first = _run(engine, _seq(list(range(30, 90)), 12, 0))
+        assert len(engine.prefix) == 1
+        assert engine.swap(load_model(models["b"], 1), timeout_s=60)
+        assert len(engine.prefix) == 0
+        second = _run(engine, _seq(list(first.prompt) + first.token_ids + list(range(500, 540)), 10, 1))
+        assert engine.prefix.hits == 0
+        assert second.spans == [[1, 0, 10]]
+        assert _max_diff(models["b"], second) < TOL
+    finally:
+        engine.close()
+
+
+def test_the_prefix_cache_keeps_to_its_budget_and_its_rules() -> None:
+    """Least recently used out first within the byte budget; an entry a longer one extends is dropped; a common
+    prefix under one block is not used; the prompt's last token is always left to forward; a prefix that ends
+    inside a block is measured exactly."""
+    def kv(n: int) -> list[tuple[Any, Any]]:
+        import torch
+
+        return [(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), float(n)))]
+
+    per_token = 2 * 2 * 4 * 4  # K and V, 2 heads x 4 dims of fp32
+    cache = PrefixCache(max_bytes=100 * per_token, block=4)
+    cache.put(list(range(40)), kv(40))
+    cache.put(list(range(100, 150)), kv(50))
+    assert len(cache) == 2 and cache.bytes == 90 * per_token
+    hit = cache.longest(tuple(range(40)) + (7,))  # uses entry 1: now the most recently used
+    assert hit is not None and hit[0] == 40 and hit[1][0][0].shape[2] == 40
+    cache.put(list(range(200, 230)), kv(30))  # over budget: the LRU entry (range(100, 150)) goes
+    assert cache.longest(tuple(range(100, 150)) + (1,)) is None
+    assert len(cache) == 2 and cache.bytes == 70 * per_token
+    cache.put(list(range(60)), kv(60))  # extends range(40): that entry is dropped, not kept twice
+    assert len(cache) == 2 and cache.bytes == 90 * per_token
+    hit = cache.longest(tuple(range(60)))  # the whole prompt is cached: its last token is still forwarded
+    assert hit is not None and hit[0] == 59
+    assert cache.longest((0, 1, 2, 99, 98)) is None  # 3 common tokens < one block
+    hit = cache.longest(tuple(range(10)) + (99, 98, 97, 96, 95))  # 10 common tokens: 2 blocks and 2 more
+    assert hit is not None and hit[0] == 10
+    cache.put(list(range(500, 700)), kv(200))  # larger than the whole budget: not kept
+    assert len(cache) == 2
+    cache.clear()
+    assert len(cache) == 0 and cache.bytes == 0 and cache.longest(tuple(range(60))) is None
+    # two conversations share a system prompt; the newer one held its blocks' pointers and is evicted: the
+    # older one's next turn still finds its own KV
+    shared = list(range(8))
+    cache.put(shared + [50] * 30, kv(38))
+    cache.put(shared + [60] * 30, kv(38))
+    assert cache.longest(tuple(shared + [50] * 30 + [1])) is not None  # now the most recently used
+    cache.put(list(range(900, 940)), kv(40))  # over budget: the other conversation goes
+    hit = cache.longest(tuple(shared + [50] * 30 + [1]))
+    assert hit is not None and hit[0] == 38
 
 
 def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str, Path], tmp_path: Path) -> None:

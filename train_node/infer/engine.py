@@ -13,10 +13,16 @@ Guarantees:
   completely; a failed load leaves the serving model untouched.
 - With a ``seed``, a sequence samples from its own torch.Generator, so results do not depend on
   what else is in the batch (up to fp rounding of batched matmuls, ~1e-6 in fp32).
+- Prefix cache (``prefix_cache_mb`` > 0): the KV of a finished sequence is kept, and a new prompt
+  that starts with the same tokens (an agent's next turn re-sends the whole conversation; the
+  samples of a group share their prompt) forwards only the tokens after the longest common prefix.
+  Bounded in bytes, least recently used out first; emptied when new weights serve, so a reused KV
+  always comes from the weights that serve (the same pitfall as above).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import queue
@@ -120,6 +126,88 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
+def _kv_bytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+class PrefixCache:
+    """The KV of finished sequences by their tokens (see the module docstring). Scheduler thread only.
+
+    Found by the chained hashes of their full blocks of ``block`` tokens (as vLLM's prefix cache): a
+    lookup hashes the prompt's blocks, takes the entry that holds the deepest of those block prefixes,
+    then measures the exact common prefix with that entry's tokens (a hash collision costs a hit, never
+    a wrong KV). The cost is one hash per block, whatever the number of entries."""
+
+    def __init__(self, max_bytes: int, block: int = 16) -> None:
+        self.max_bytes = max_bytes
+        self.block = block  # also the shortest prefix worth reusing: a batch-of-one forward costs something
+        self._entries: collections.OrderedDict[int, tuple[torch.Tensor, KV, int, list[int]]] = \
+            collections.OrderedDict()
+        self._index: dict[int, int] = {}  # chained block hash -> the newest entry holding that block prefix
+        self._next = 0
+        self.bytes = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._index.clear()
+        self.bytes = 0
+
+    def _hashes(self, tokens: list[int] | tuple[int, ...]) -> list[int]:
+        out, h = [], 0
+        for start in range(0, len(tokens) - self.block + 1, self.block):
+            h = hash((h, tuple(tokens[start:start + self.block])))
+            out.append(h)
+        return out
+
+    def _drop(self, key: int) -> None:
+        _, _, size, hashes = self._entries.pop(key)
+        self.bytes -= size
+        for h in hashes:
+            if self._index.get(h) == key:
+                del self._index[h]
+
+    def put(self, tokens: list[int], kv: KV) -> None:
+        """Keep ``kv`` (one row, ``len(tokens)`` positions; copied by the caller) for ``tokens``."""
+        size = _kv_bytes(kv)
+        if len(tokens) < self.block or size > self.max_bytes:
+            return
+        new, hashes = torch.tensor(tokens), self._hashes(tokens)
+        for key in {self._index[h] for h in hashes if h in self._index}:  # entries the new one extends
+            old = self._entries[key][0]
+            if len(old) <= len(new) and torch.equal(old, new[:len(old)]):
+                self._drop(key)
+        while self._entries and self.bytes + size > self.max_bytes:
+            self._drop(next(iter(self._entries)))  # the least recently used
+        key, self._next = self._next, self._next + 1
+        self._entries[key] = (new, kv, size, hashes)
+        self._index.update(dict.fromkeys(hashes, key))
+        self.bytes += size
+
+    def longest(self, prompt: tuple[int, ...]) -> tuple[int, KV] | None:
+        """The longest cached common prefix of ``prompt`` (at most all but its last token, which must be
+        forwarded for the next token's logits) and its KV, or None if under one block."""
+        # the deepest block any entry holds (a chained hash names the whole prefix up to its block, so the
+        # blocks before it need no pointer of their own: an evicted entry may have held theirs)
+        key = next((self._index[h] for h in reversed(self._hashes(prompt[:-1])) if h in self._index), None)
+        if key is None:
+            return None
+        tokens, kv, _, _ = self._entries[key]
+        m = min(len(tokens), len(prompt) - 1)
+        differ = (tokens[:m] != torch.tensor(prompt[:m])).nonzero()
+        n = int(differ[0]) if len(differ) else m
+        if n < self.block:
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        self.reused_tokens += n
+        return n, [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
+
+
 class _Batch:
     """The running sequences: a left-padded KV cache, its mask, next positions, last logits."""
 
@@ -169,9 +257,12 @@ class _Batch:
 class Engine:
     """Continuous batching over one model. Thread-safe entry points: submit, swap, close."""
 
-    def __init__(self, loaded: LoadedModel, *, max_batch: int = 32, max_model_len: int | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, *, max_batch: int = 32, max_model_len: int | None = None,
+                 prefix_cache_mb: int = 0) -> None:
         self._loaded = loaded
         self._max_batch = max_batch
+        self.prefix = PrefixCache(prefix_cache_mb << 20)
+        self.prefilled_tokens = 0  # prompt tokens forwarded at admission (those the prefix cache did not serve)
         cfg_len = getattr(loaded.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(max_model_len or cfg_len, cfg_len)
         self._cache_kw = "cache" if "cache" in inspect.signature(loaded.model.forward).parameters \
@@ -253,6 +344,9 @@ class Engine:
             return
         finished = self._sample()
         if finished:
+            self._remember(finished)
+            for i in finished:  # answered once the prefix cache holds it: the next turn finds it there
+                self._batch.rows[i].done.set()
             keep = [i for i in range(len(self._batch.rows)) if i not in finished]
             self._batch.keep(keep, self._loaded.model.config)
         if self._batch.rows:
@@ -264,6 +358,7 @@ class Engine:
         if staged is None:
             return
         self._loaded = staged[0]
+        self.prefix.clear()  # computed by the old weights
         rows, self._batch = self._batch.rows, _Batch()
         try:
             if rows:  # recompute every running sequence's KV with the new weights
@@ -281,8 +376,33 @@ class Engine:
                 new.append(self._pending.get_nowait())
             except queue.Empty:
                 break
-        if new:
-            self._batch.merge(self._prefill(new), self._loaded.model.config)
+        if not new:
+            return
+        config = self._loaded.model.config
+        misses = []
+        for seq in new:
+            cached = self.prefix.longest(seq.prompt) if self.prefix.max_bytes else None
+            if cached is None:
+                misses.append(seq)
+            else:
+                self._batch.merge(self._prefill_after(seq, *cached), config)
+        if misses:
+            self._batch.merge(self._prefill(misses), config)
+
+    def _remember(self, finished: set[int]) -> None:
+        """Keep the KV of the rows that finished normally in the prefix cache (a copy: the batch's cache
+        is rebuilt as rows come and go)."""
+        if not self.prefix.max_bytes:
+            return
+        b = self._batch
+        kv = _kv_of(b.kv)
+        for i in sorted(finished):
+            row = b.rows[i]
+            if row.finish_reason not in ("stop", "length"):
+                continue
+            n = int(b.next_pos[i])  # forwarded so far: every token but the last one sampled
+            tokens = (list(row.prompt) + row.token_ids)[:n]
+            self.prefix.put(tokens, [(k[i:i + 1, :, -n:].clone(), v[i:i + 1, :, -n:].clone()) for k, v in kv])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self._loaded.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
@@ -292,6 +412,7 @@ class Engine:
     def _prefill(self, rows: list[Sequence]) -> _Batch:
         """Forward prompt + generated-so-far of ``rows`` (left-padded) into a fresh batch."""
         seqs = [list(r.prompt) + r.token_ids for r in rows]
+        self.prefilled_tokens += sum(len(s) for s in seqs)
         width = max(len(s) for s in seqs)
         ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
@@ -307,6 +428,18 @@ class Engine:
         batch.next_pos = mask.sum(1)
         return batch
 
+    def _prefill_after(self, row: Sequence, n: int, kv: KV) -> _Batch:
+        """Forward ``row``'s prompt after its first ``n`` tokens, whose KV the prefix cache had."""
+        length = len(row.prompt)
+        self.prefilled_tokens += length - n
+        cache = _cache_from(kv, self._loaded.model.config)
+        batch = _Batch()
+        batch.mask = torch.ones(1, length, dtype=torch.long)
+        batch.logits = self._forward(torch.tensor([row.prompt[n:]]), batch.mask, torch.arange(n, length)[None],
+                                     cache)
+        batch.kv, batch.rows, batch.next_pos = cache, [row], torch.tensor([length])
+        return batch
+
     def _decode(self) -> None:
         b = self._batch
         ids = torch.tensor([[r.token_ids[-1]] for r in b.rows])
@@ -315,7 +448,8 @@ class Engine:
         b.next_pos = b.next_pos + 1
 
     def _sample(self) -> set[int]:
-        """Sample one token for every row; returns the indices of rows that finished.
+        """Sample one token for every row; returns the indices of rows that finished (the caller sets their
+        ``done``).
 
         Logprobs (the sampled token's and the top-k alternatives) come from the row's *processed*
         distribution, the one the token was drawn from (vLLM's ``processed_logprobs``)."""
@@ -333,7 +467,6 @@ class Engine:
             row.append(token, chosen, top, self._loaded.version)
             if self._finish(row, token):
                 finished.add(i)
-                row.done.set()
         return finished
 
     def _finish(self, row: Sequence, token: int) -> bool:

@@ -136,6 +136,7 @@ def build_specs(cfg: RunConfig, paths: RunPaths, host: str, node_index: int) -> 
             require_auth_all=inf.require_auth_all, request_timeout_s=max(inf.request_timeout_s, 600.0),
             dtype=inf.dtype, max_model_len=inf.max_model_len,
             threads=inf.cpu_threads or max(1, ncpu // len(slices)), max_batch=inf.cpu_max_batch,
+            prefix_cache_mb=inf.cpu_prefix_cache_mb,
             vllm_python=inf.vllm_python, vllm_args=tuple(inf.vllm_args), tensor_parallel=inf.tensor_parallel,
             gpus=gpu_slice, cpu_kvcache_gb=inf.vllm_cpu_kvcache_gb))
     return specs

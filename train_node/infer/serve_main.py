@@ -33,6 +33,7 @@ class ServeArgs:
     dtype: str = "float32"
     threads: int = 0
     max_batch: int = 32
+    prefix_cache_mb: int = 1024
     max_model_len: int = 0
     secret_file: str | None = None
     require_auth_all: bool = False
@@ -42,12 +43,14 @@ class ServeArgs:
 def run_serve(args: ServeArgs) -> int:
     if not Path(args.model, "config.json").exists():
         raise UsageError(f"--model {args.model}: no config.json there; give an HF checkpoint directory")
+    if args.prefix_cache_mb < 0:
+        raise UsageError(f"--prefix-cache-mb {args.prefix_cache_mb}: give 0 (off) or more MiB")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     options = ServeOptions(served_model_name=args.served_model_name, dtype=args.dtype, max_batch=args.max_batch,
-                           max_model_len=args.max_model_len or None, secret=read_secret(args.secret_file),
+                           prefix_cache_mb=args.prefix_cache_mb, max_model_len=args.max_model_len or None, secret=read_secret(args.secret_file),
                            require_auth_all=args.require_auth_all)
     app = App(options)
     server = HttpServer(route_app(make_handler(app)), host=args.host, port=args.port, uds=args.uds)

@@ -42,6 +42,7 @@ class ServeOptions:
     served_model_name: str = "policy"
     dtype: str = "float32"
     max_batch: int = 32
+    prefix_cache_mb: int = 1024
     max_model_len: int | None = None
     secret: str | None = None
     require_auth_all: bool = False
@@ -64,7 +65,8 @@ class App:
         """Initial load; the app becomes healthy only when this returns."""
         loaded = load_model(path, version, self.options.dtype)
         self.tokenizer = _load_tokenizer(path)
-        self.engine = Engine(loaded, max_batch=self.options.max_batch, max_model_len=self.options.max_model_len)
+        self.engine = Engine(loaded, max_batch=self.options.max_batch, max_model_len=self.options.max_model_len,
+                             prefix_cache_mb=self.options.prefix_cache_mb)
         self.loaded_at = time.time()
 
     def reload(self, path: str, version: int) -> dict[str, Any]:

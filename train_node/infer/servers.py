@@ -60,6 +60,7 @@ class ServerSpec:
     # cpu engine
     threads: int = 0
     max_batch: int = 32
+    prefix_cache_mb: int = 1024
     # vllm
     vllm_python: str = "python3"
     vllm_args: tuple[str, ...] = ()
@@ -153,7 +154,7 @@ class CpuServer:
         cmd = [sys.executable, "-m", "hpc.cli", "serve", "--model", str(model), "--host", s.bind_host,
                "--port", str(s.port), "--version", str(version), "--served-model-name", SERVED_MODEL_NAME,
                "--dtype", "float32" if s.dtype == "auto" else s.dtype, "--threads", str(s.threads),
-               "--max-batch", str(s.max_batch), "--secret-file", str(s.secret_file),
+               "--max-batch", str(s.max_batch), "--prefix-cache-mb", str(s.prefix_cache_mb), "--secret-file", str(s.secret_file),
                "--ready-file", str(self._dir / "ready.json"), "--max-model-len", str(s.max_model_len)]
         if s.require_auth_all:
             cmd.append("--require-auth-all")
