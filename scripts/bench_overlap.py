@@ -384,7 +384,8 @@ def cell_figures(run: Path, shape: Shape, ratio: float, max_staleness: int, serv
     span = w1["t"] - w0["t"]
     trained = sum(int(r["samples"]) for r in window)
     stale_dropped = int(steps[-1]["drops"].get("stale", 0))
-    stale_cancelled = sum(1 for e in episodes if e.get("status") == "stale" or e.get("fault") == "stale")
+    # a sample the node's staleness guard cancels ends as status "cancelled" with a "stale" fault record
+    stale_cancelled = sum(1 for f in read_metrics(run, "fault") if f.get("fault") == "stale")
     ok = [e for e in episodes if "run_s" in e.get("timings", {})]
     stats = stage_stats(ok)
     llm_per_sample = shape.turns * shape.llm_s_per_turn

@@ -43,7 +43,7 @@ Details:
 - *harness error*: ``evaluate`` reports ``harness_error``, raises, or runs past ``eval_timeout_s``.
   The agent's diff is kept, so a retry reruns the tests only.
 - *stale episode*: the oldest generated token is more than ``algorithm.max_staleness`` versions
-  behind ``RUN/policy/LATEST`` plus the versions expected during EVAL (``hpc.trajectory.staleness``,
+  behind ``RUN/policy/LATEST`` plus the whole versions expected during EVAL (``hpc.trajectory.staleness``,
   ``rollout_node.pipeline.staleness``); a restart samples the newer policy.
 - *task cancelled*: a file ``RUN/control/cancel/<task_id>`` exists; the group is written with
   status ``cancelled`` so that the task is accounted for, and its sandboxes are closed.

@@ -18,6 +18,7 @@ from tests.scripts_loader import load_script
 FIXTURE = Path(__file__).with_name("data") / "bench_overlap_cells.json"
 SIGNAL_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_signal_cells.json"  # its "note" says what ran
 QUIET_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_quiet_cells.json"  # its "note" says what ran
+GRID_FIXTURE = Path(__file__).with_name("data") / "bench_overlap_grid_cells.json"  # its "note" says what ran
 
 
 def test_two_bench_cells_train_every_task_once_publish_versions_and_print_the_min_capacity_bound(
@@ -105,6 +106,22 @@ def test_the_model_reproduces_every_quiet_cell_with_13_step_windows() -> None:
         assert c["sim_trainer_idle"] == pytest.approx(c["bench_trainer_idle"], abs=0.02), c
     at_one = sorted(c["bench_trainer_idle"] for c in checks if c["ratio"] == 1.0 and c["max_staleness"] == 2)
     assert at_one == pytest.approx([0.0319, 0.1303], abs=1e-4)
+
+
+def test_the_model_reproduces_every_cell_of_the_full_grid_and_the_targets_hold_at_ratio_1() -> None:
+    """Issue 35 on the full grid (ratios 0.25-4 x staleness 0/1/2/4), measured on a quiet machine with 13 measured
+    steps a cell once the staleness guard's margin counted whole versions only (the fixture's note): the model
+    within 10 % of every cell (measured: 20 of 20, worst 3.4 %), and at ratio 1 staleness 2 >= 1.8x the
+    synchronous throughput with trainer idle and waste <= 5 % (measured 2.50x, 3.2 %, 0 %)."""
+    sim, bench = load_script("sim_overlap"), load_script("bench_overlap")
+    (run,) = json.loads(GRID_FIXTURE.read_text())["runs"]
+    checks = sim.validate(run, reps=4)
+    assert len(checks) == 20 and all(abs(c["error"]) <= 0.10 for c in checks), checks
+    for c in checks:
+        assert c["sim_trainer_idle"] == pytest.approx(c["bench_trainer_idle"], abs=0.03), c
+    summary = bench.targets(run["cells"])
+    assert summary["met"], summary
+    assert summary["async_over_sync"] == pytest.approx(2.50, abs=0.01)
 
 
 def _one_group_sim(sim: ModuleType, age: float, signal: bool = False) -> Any:
