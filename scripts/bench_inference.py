@@ -86,7 +86,7 @@ def conversations_s(url: str, streams: int, turns: int, first: int, obs: int, ma
     return time.perf_counter() - t0, sent
 
 
-def start(engine: str, model: Path, tmp: Path, vllm_python: str, threads: int, prefix_cache_mb: int = 1024) -> Any:
+def start(engine: str, model: Path, tmp: Path, vllm_python: str, threads: int, prefix_cache_mb: int = 0) -> Any:
     (tmp / "secret").write_text("bench\n")
     spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
                       secret_file=tmp / "secret", log_path=tmp / f"{engine}-{prefix_cache_mb}.log", threads=threads,

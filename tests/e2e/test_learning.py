@@ -8,7 +8,8 @@ the last 5 >= 0.7, and the report's reward series is the one the trainer logged.
 reproducible (the engine's batching follows timing), so this is a statistical claim, measured in the README's
 table: with the per-sample KL target seeds 0, 1 and 2, T 0.8 and seed 1 at T 0.8 ended at 0.84-0.89 over the
 last 5 from 0.22-0.27; with the per-token target (issue 34) this test's last three runs here ended at 0.78,
-0.83 and 0.84 from 0.26-0.27 (the plateau after step ~25 swings 0.62-1.0 a step: issue 12's 0.8 failed once). With a
+0.83 and 0.84 from 0.26-0.27 (the plateau after step ~25 swings 0.62-1.0 a step: issue 12's 0.8 failed once);
+with the CPU engine's prefix cache on (since off by default) 0.75 in the suite and 0.68 alone, a failure. With a
 group baseline one run of six ended at 0.69; before ``trainer.target_kl`` 5 runs of 9 ended below 0.8. With
 ``trainer.lr=0`` the reward stays at the warm-start level (~1/4): the control below."""
 

@@ -33,7 +33,7 @@ class ServeArgs:
     dtype: str = "float32"
     threads: int = 0
     max_batch: int = 32
-    prefix_cache_mb: int = 1024
+    prefix_cache_mb: int = 0
     max_model_len: int = 0
     secret_file: str | None = None
     require_auth_all: bool = False

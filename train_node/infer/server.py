@@ -42,7 +42,7 @@ class ServeOptions:
     served_model_name: str = "policy"
     dtype: str = "float32"
     max_batch: int = 32
-    prefix_cache_mb: int = 1024
+    prefix_cache_mb: int = 0
     max_model_len: int | None = None
     secret: str | None = None
     require_auth_all: bool = False

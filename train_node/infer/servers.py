@@ -60,7 +60,7 @@ class ServerSpec:
     # cpu engine
     threads: int = 0
     max_batch: int = 32
-    prefix_cache_mb: int = 1024
+    prefix_cache_mb: int = 0
     # vllm
     vllm_python: str = "python3"
     vllm_args: tuple[str, ...] = ()
