@@ -246,13 +246,17 @@ def monitor(paths: RunPaths, jobs: RoleJobs, total: int, out: TextIO) -> str:
 
 
 def stop_roles(paths: RunPaths, jobs: RoleJobs, grace_s: float = 60.0) -> None:
-    """Ask the rollout and inference roles to drain via the STOP marker, then wait (bounded)."""
-    paths.control.mkdir(parents=True, exist_ok=True)
-    paths.stop_marker.write_text("demo finished\n")
-    deadline = time.monotonic() + grace_s
-    while any(jobs.alive().values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    jobs.cancel()
+    """Ask the rollout and inference roles to drain via the STOP marker, then wait (bounded); whatever is
+    still running then is cancelled, also when the wait itself is cut short (a second Ctrl-C or SIGTERM
+    during the drain, the run directory gone), so the demo never exits with a role left running."""
+    try:
+        paths.control.mkdir(parents=True, exist_ok=True)
+        paths.stop_marker.write_text("demo finished\n")
+        deadline = time.monotonic() + grace_s
+        while any(jobs.alive().values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        jobs.cancel()
 
 
 def role_errors(jobs: RoleJobs) -> dict[str, str]:
