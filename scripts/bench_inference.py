@@ -15,7 +15,8 @@ Conversations (the CPU engine, ``inference.cpu_prefix_cache_mb`` on and 0): 8 st
 episode of ``--turns`` turns; turn 1's prompt has ``--first-tokens`` tokens, and every later turn
 re-sends the whole conversation (the previous prompt, its answer, ``--obs-tokens`` of observation)
 as our agent and the harness gateway do. Printed: wall time of all conversations with the cache off
-and on (median of ``--rounds``), its ratio, and the prompt tokens sent. ``--model DIR`` runs both parts
+and on (median of ``--rounds``), its ratio, the prompt tokens sent, and those the engine forwarded with
+the cache off and on (read from its ``/health``). ``--model DIR`` runs both parts
 on another HF checkpoint (e.g. the SmolLM2 that ``spoolrl model from-gguf`` converts, where prefill
 costs more than on the tiny model).
 """
@@ -47,6 +48,12 @@ def _complete(url: str, prompt: list[int], max_tokens: int, seed: int) -> list[i
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as resp:
         return list(json.loads(resp.read())["choices"][0]["token_ids"])
+
+
+def _forwarded(url: str) -> int:
+    """The prompt tokens the CPU engine has forwarded so far (``/health``: those its prefix cache did not serve)."""
+    with urllib.request.urlopen(url + "/health", timeout=30) as resp:
+        return int(json.loads(resp.read())["prompt_tokens_forwarded"])
 
 
 def _request(url: str, max_tokens: int, seed: int) -> int:
@@ -137,14 +144,17 @@ def main() -> int:
             finally:
                 handle.stop()
         convo: dict[int, list[float]] = {}
+        forwarded: dict[int, int] = {}  # prompt tokens the engine forwarded, a round
         sent = 0
         for mb in (0, 1024):  # the cache off, then on, the same conversations
             handle = start("cpu", model, tmp, "", a.threads, prefix_cache_mb=mb)
             try:
                 _request(handle.url, 4, 0)
+                before = _forwarded(handle.url)
                 runs = [conversations_s(handle.url, 8, a.turns, a.first_tokens, a.obs_tokens, a.max_tokens, vocab, r)
                         for r in range(a.rounds)]
                 convo[mb], sent = [t for t, _ in runs], runs[0][1]
+                forwarded[mb] = (_forwarded(handle.url) - before) // a.rounds
             finally:
                 handle.stop()
     print(f"\ntokens/s, {a.max_tokens} new tokens per request, median of {a.rounds} rounds")
@@ -159,10 +169,13 @@ def main() -> int:
           f"{a.max_tokens} generated and {a.obs_tokens} observation tokens a turn; {sent} prompt tokens sent), "
           f"median of {a.rounds} rounds:")
     print(f"  prefix cache off {off:.1f} s, on {on:.1f} s: {off / on:.2f}x")
+    print(f"  prompt tokens forwarded a round: {forwarded[0]} off, {forwarded[1024]} on, of {sent} sent "
+          f"(the engine's /health)")
     print(json.dumps({"bench": "inference", "tokens_per_s": {e: {str(k): round(v, 1) for k, v in r.items()}
                                                             for e, r in results.items()},
                       "conversations_s": {"cache_off": round(off, 2), "cache_on": round(on, 2)},
-                      "prefix_cache_speedup": round(off / on, 2)}))
+                      "prefix_cache_speedup": round(off / on, 2), "prompt_tokens_sent": sent,
+                      "prompt_tokens_forwarded": {"cache_off": forwarded[0], "cache_on": forwarded[1024]}}))
     return 0
 
 

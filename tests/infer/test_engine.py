@@ -201,6 +201,9 @@ def test_health_is_503_until_loaded_and_failed_reload_is_atomic(models: dict[str
         status, out = http(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1,
                                                     "return_token_ids": True, "ignore_eos": True})
         assert status == 200 and out["choices"][0]["weight_versions"] == [{"version": 0, "start": 0, "end": 4}]
+        # /health reports what the prompts cost: the 3 prompt tokens, forwarded whole (the cache is off)
+        assert http(url, "/health") == (200, {"status": "ok", "prompt_tokens_forwarded": 3, "prefix_cache": {
+            "entries": 0, "bytes": 0, "max_bytes": 0, "hits": 0, "reused_tokens": 0}})
     finally:
         srv.close()
         app.close()

@@ -152,6 +152,16 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def enabled(self) -> bool:
+        """False with a budget of 0 (``inference.cpu_prefix_cache_mb: 0``): nothing is looked up or kept."""
+        return self.max_bytes > 0
+
+    def stats(self) -> dict[str, int]:
+        """What the cache holds and has served (``/health``)."""
+        return {"entries": len(self), "bytes": self.bytes, "max_bytes": self.max_bytes, "hits": self.hits,
+                "reused_tokens": self.reused_tokens}
+
     def clear(self) -> None:
         self._entries.clear()
         self._index.clear()
@@ -275,6 +285,11 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="spoolrl-engine", daemon=True)
         self._thread.start()
 
+    def counters(self) -> dict[str, Any]:
+        """The prompt tokens forwarded so far (those the prefix cache did not serve) and the cache's
+        :meth:`PrefixCache.stats`: what ``/health`` reports, so a client can see what its prompts cost."""
+        return {"prompt_tokens_forwarded": self.prefilled_tokens, "prefix_cache": self.prefix.stats()}
+
     @property
     def version(self) -> int:
         return self._loaded.version
@@ -381,7 +396,7 @@ class Engine:
         config = self._loaded.model.config
         misses = []
         for seq in new:
-            cached = self.prefix.longest(seq.prompt) if self.prefix.max_bytes else None
+            cached = self.prefix.longest(seq.prompt) if self.prefix.enabled else None
             if cached is None:
                 misses.append(seq)
             else:
@@ -392,7 +407,7 @@ class Engine:
     def _remember(self, finished: set[int]) -> None:
         """Keep the KV of the rows that finished normally in the prefix cache (a copy: the batch's cache
         is rebuilt as rows come and go)."""
-        if not self.prefix.max_bytes:
+        if not self.prefix.enabled:
             return
         b = self._batch
         kv = _kv_of(b.kv)

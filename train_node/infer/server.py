@@ -150,8 +150,9 @@ def make_handler(app: App) -> Route:
                 not authorized(call.headers.get("Authorization"), app.options.secret):
             return error_reply(401, "missing or wrong bearer token")
         if (method, path) == ("GET", "/health"):
-            ready = app.engine is not None
-            return json_reply(200 if ready else 503, {"status": "ok" if ready else "loading"})
+            if app.engine is None:
+                return json_reply(503, {"status": "loading"})
+            return json_reply(200, {"status": "ok", **app.engine.counters()})
         if (method, path) == ("GET", "/v1/models"):
             return json_reply(200, app.models())
         if app.engine is None:
