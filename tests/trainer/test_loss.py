@@ -208,14 +208,22 @@ def test_params_defaults_are_the_configs() -> None:
     assert LossParams() == LossParams.from_config(AlgorithmConfig())
 
 
-def test_chunked_forward_kl_equals_the_whole_head(tmp_path):
+@pytest.mark.parametrize("masked", [False, True], ids=["every position", "loss positions only"])
+@pytest.mark.parametrize("with_kl", [False, True], ids=["logprobs", "logprobs and forward KL"])
+def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_kl):
     """The engine's fp32 chunked pass (several chunks, under checkpointing) gives the logprobs and the
-    forward KL, and their gradients, that the model's own full logits give."""
+    forward KL, and their gradients, that the model's own full logits give. With the loss mask it runs
+    the head only at the mask's positions: there the same values, 0 elsewhere, and the same gradients for
+    every loss that reads them through the mask (what the trainer's loss does)."""
     from transformers import AutoModelForCausalLM
 
+    import train_node.trainer.engine as engine
     from train_node.infer.tiny import build_tiny_model
-    from train_node.trainer.engine import fp32_head_logprobs_and_forward_kl
+    from train_node.trainer.engine import fp32_head_logprobs, fp32_head_logprobs_and_forward_kl
 
+    head_rows: list[int] = []  # the positions each fp32 head application ran on (recomputes in backward too)
+    fp32_logits = engine._fp32_logits
+    monkeypatch.setattr(engine, "_fp32_logits", lambda h, w, b: head_rows.append(h.shape[0]) or fp32_logits(h, w, b))
     path = build_tiny_model(tmp_path / "tiny", seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(False)
@@ -225,15 +233,34 @@ def test_chunked_forward_kl_equals_the_whole_head(tmp_path):
     ids = torch.randint(5, 200, (11,), generator=torch.Generator().manual_seed(2))
     pos, targets = torch.arange(11), torch.roll(ids, -1)
     inv_t = torch.full((11,), 1 / 0.7)
-    logp, kl = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4)
-    (logp.sum() + kl.sum()).backward()
-    chunked = [w.grad.clone() for w in policy.parameters()]
+    # a prompt, a generated turn, an observation, a second turn: 6 of 11 positions carry the loss
+    mask = torch.tensor([0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0], dtype=torch.float32) if masked else torch.ones(11)
+    passed = mask if masked else None
+    if with_kl:
+        both = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4, mask=passed)
+        assert both is not None
+        logp, kl = both
+    else:
+        lp = fp32_head_logprobs(policy, ids, pos, targets, inv_t, chunk_tokens=4, mask=passed)
+        assert lp is not None
+        logp, kl = lp, torch.zeros(11)
+    ((logp + kl) * mask).sum().backward()
+    # forward and the backward's recompute, the policy's head and (with the KL) the reference's
+    assert sum(head_rows) == int(mask.sum()) * 2 * (2 if with_kl else 1)
+    chunked = [None if w.grad is None else w.grad.clone() for w in policy.parameters()]
     policy.zero_grad()
     logits = policy(input_ids=ids[None], position_ids=pos[None]).logits[0]
     ref_logits = ref(input_ids=ids[None], position_ids=pos[None]).logits[0]
-    logp2, kl2 = token_logprobs(logits, targets, inv_t), forward_kl(logits, ref_logits, inv_t)
-    (logp2.sum() + kl2.sum()).backward()
-    assert torch.allclose(logp, logp2, atol=1e-5) and torch.allclose(kl, kl2, atol=1e-5)
-    assert float(kl.min()) > 0
+    logp2 = token_logprobs(logits, targets, inv_t)
+    kl2 = forward_kl(logits, ref_logits, inv_t) if with_kl else torch.zeros(11)
+    ((logp2 + kl2) * mask).sum().backward()
+    on = mask > 0
+    assert torch.allclose(logp[on], logp2[on], atol=1e-5) and torch.allclose(kl[on], kl2[on], atol=1e-5)
+    if masked:  # not computed where nothing reads it
+        assert float(logp.detach()[~on].abs().max()) == 0.0 and float(kl.detach()[~on].abs().max()) == 0.0
+        assert float(logp2.detach()[~on].abs().min()) > 0  # (the full head's values there are real logprobs)
+    if with_kl:
+        assert float(kl.detach()[on].min()) > 0
     for a, w in zip(chunked, policy.parameters(), strict=True):
+        assert a is not None and w.grad is not None
         assert torch.allclose(a, w.grad, atol=1e-5, rtol=1e-4)

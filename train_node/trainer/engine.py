@@ -138,29 +138,54 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 
 def fp32_head_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                       targets: torch.Tensor, inv_t: torch.Tensor, chunk_tokens: int) -> torch.Tensor | None:
+                       targets: torch.Tensor, inv_t: torch.Tensor, chunk_tokens: int,
+                       mask: torch.Tensor | None = None) -> torch.Tensor | None:
     """``log_softmax(logits / T)[target]`` with the LM head applied in fp32, ``chunk_tokens`` positions
     at a time under activation checkpointing, so the [N, V] logits never exist whole (not in bf16, not
-    in fp32). None when the model does not split into a decoder and a plain linear head."""
+    in fp32). With ``mask``, the head runs only where it is non-zero (:func:`loss_positions`). None when
+    the model does not split into a decoder and a plain linear head."""
     split = _decoder_and_head(module)
     if split is None:
         return None
     hidden = _hidden(split[0], input_ids, position_ids)
-    return chunked_head_logprobs(hidden, split[1], targets, inv_t, chunk_tokens)
+    if mask is None:
+        return chunked_head_logprobs(hidden, split[1], targets, inv_t, chunk_tokens)
+    idx = loss_positions(mask)
+    lp = chunked_head_logprobs(hidden[idx], split[1], targets[idx], inv_t[idx], chunk_tokens)
+    return scatter_positions(lp, idx, mask.shape[0])
+
+
+def loss_positions(mask: torch.Tensor) -> torch.Tensor:
+    """The positions whose logprob a loss can read (``mask`` non-zero). Everything the trainer computes from a
+    logprob is multiplied by the loss mask, so the LM head, which costs ``2 x hidden x vocab`` FLOPs per position
+    each way (most of a small model's step), runs on these only: an agent trajectory's prompt, observations and
+    chat-template tokens are most of its positions and none of its loss."""
+    return mask.nonzero().squeeze(-1)
+
+
+def scatter_positions(values: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` at ``idx`` of a length-``n`` vector, 0 elsewhere (where the loss mask is 0); differentiable."""
+    return torch.zeros(n, *values.shape[1:], dtype=values.dtype, device=values.device).index_copy(0, idx, values)
 
 
 def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Module, input_ids: torch.Tensor,
                                       position_ids: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
-                                      chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+                                      chunk_tokens: int, mask: torch.Tensor | None = None
+                                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(:func:`fp32_head_logprobs`, the per-position :func:`~train_node.trainer.loss.forward_kl` against
     ``ref``), both heads in fp32 over ``chunk_tokens`` positions at a time under activation
-    checkpointing; None when either model does not split into a decoder and a plain linear head."""
+    checkpointing, and only where ``mask`` is non-zero when it is given (0 elsewhere); None when either
+    model does not split into a decoder and a plain linear head."""
     split, ref_split = _decoder_and_head(module), _decoder_and_head(ref)
     if split is None or ref_split is None:
         return None
     hidden = _hidden(split[0], input_ids, position_ids)
     with torch.no_grad():
         ref_hidden = _hidden(ref_split[0], input_ids, position_ids)
+    n = hidden.shape[0]
+    idx = None if mask is None else loss_positions(mask)
+    if idx is not None:
+        hidden, ref_hidden, targets, inv_t = hidden[idx], ref_hidden[idx], targets[idx], inv_t[idx]
     head, ref_head = split[1], ref_split[1]
     pieces = []
     for lo in range(0, hidden.shape[0], chunk_tokens):
@@ -169,6 +194,8 @@ def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Mod
             _head_chunk_kl, hidden[sl], head.weight, head.bias, ref_hidden[sl], ref_head.weight, ref_head.bias,
             targets[sl], inv_t[sl], use_reentrant=False))
     both = torch.cat(pieces, dim=1)
+    if idx is not None:
+        both = scatter_positions(both.T, idx, n).T
     return both[0], both[1]
 
 
@@ -339,14 +366,15 @@ class Engine:
     def logprobs(self, module: torch.nn.Module, t: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-position logprob of the next token at the sampling temperature (packed, no attention mask).
 
-        The LM head runs in fp32, chunked (:func:`fp32_head_logprobs`); under ZeRO-3 (the head's weight
-        is partitioned outside its own forward) and for heads that are not a plain linear layer, the
-        model's own logits are upcast to fp32 instead."""
+        The LM head runs in fp32, chunked, and only at the loss positions (:func:`fp32_head_logprobs`: the
+        others read 0, and nothing reads them); under ZeRO-3 (the head's weight is partitioned outside its
+        own forward) and for heads that are not a plain linear layer, the model's own logits, at every
+        position, are upcast to fp32 instead."""
         inner = module.module if isinstance(getattr(module, "module", None), torch.nn.Module) else module
         assert isinstance(inner, torch.nn.Module)
         if self.tcfg.zero_stage < 3:
             lp = fp32_head_logprobs(inner, t["input_ids"], t["position_ids"], t["targets"], t["inv_t"],
-                                    HEAD_CHUNK_TOKENS)
+                                    HEAD_CHUNK_TOKENS, t["mask"])
             if lp is not None:
                 return lp
         out = module(input_ids=t["input_ids"].unsqueeze(0), position_ids=t["position_ids"].unsqueeze(0),
@@ -360,7 +388,7 @@ class Engine:
         assert isinstance(inner, torch.nn.Module)
         if self.tcfg.zero_stage < 3:
             both = fp32_head_logprobs_and_forward_kl(inner, self.ref_model, t["input_ids"], t["position_ids"],
-                                                     t["targets"], t["inv_t"], HEAD_CHUNK_TOKENS)
+                                                     t["targets"], t["inv_t"], HEAD_CHUNK_TOKENS, t["mask"])
             if both is not None:
                 return both
         kw = {"input_ids": t["input_ids"].unsqueeze(0), "position_ids": t["position_ids"].unsqueeze(0),
