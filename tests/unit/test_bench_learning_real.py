@@ -48,6 +48,11 @@ def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
     assert 3 * (steps * 30.0) + 3 * 120.0 <= args.budget_s and steps * 30.0 <= 1200
     assert bench.size_steps(10.0, 60.0, args) == args.max_steps
     assert bench.size_steps(5000.0, 60.0, args) == 1
+    # measured 2026-12-06: a 77.1-s step, a 203-s evaluation and 12 s of demo start and drain per arm: 9 steps
+    # without the overhead ran the arms and evaluations 3 minutes past the 45; with it, 8 fit
+    assert bench.size_steps(77.1, 203.0, args) == 9
+    steps = bench.size_steps(77.1, 203.0, args, overhead_s=12.1)
+    assert steps == 8 and 3 * (steps * 77.1 + 12.1 + 203.0) <= args.budget_s
 
 
 def test_a_pass_rate_of_0_or_1_before_rl_stops_the_bench() -> None:
