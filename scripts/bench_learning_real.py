@@ -69,7 +69,7 @@ ARM_BUDGET_S = 1200.0  # no arm trains longer than 20 minutes
 # Overrides on top of the demo's defaults (hpc/cli/demo_run.py), for every phase (with :func:`rollout_overrides`):
 # the top blocks train at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only in what it
 # names); the CPU engine keeps each finished turn's KV, so an episode's next turn forwards only its new tokens
-# (measured here: a training step 77 s with it, a 32-episode evaluation 186-203 s; 1.48x on bench_inference's
+# (measured here: a training step 77 s with it, a 32-episode evaluation 152-203 s; 1.48x on bench_inference's
 # SmolLM2 conversations).
 COMMON = (
     "rollout.max_tokens=1024", "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",

@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> None:
                       "logprobs": lp.detach()[:64].tolist()}))
 
 
-def loss_positions(args: argparse.Namespace) -> None:
+def head_at_loss_positions(args: argparse.Namespace) -> None:
     """``--model``: the head at every position vs at the loss positions only, alternated in one process."""
     import statistics
 
@@ -121,7 +121,7 @@ def main() -> None:
     if args.model:
         if not 0 < args.loss_fraction <= 1:
             ap.error(f"--loss-fraction must be in (0, 1], not {args.loss_fraction}")
-        return loss_positions(args)
+        return head_at_loss_positions(args)
     if args.mode:
         return worker(args)
     out = {}
