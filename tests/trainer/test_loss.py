@@ -264,3 +264,31 @@ def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_
     for a, w in zip(chunked, policy.parameters(), strict=True):
         assert a is not None and w.grad is not None
         assert torch.allclose(a, w.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_kl", [False, True], ids=["logprobs", "logprobs and forward KL"])
+def test_a_micro_batch_without_loss_positions_gives_zeros(tmp_path, with_kl):
+    """A micro-batch whose loss mask is 0 everywhere (its samples all masked: ``truncated: mask``, a stale
+    sample) has no position for the head: the pass returns zeros of the micro-batch's length, and a backward
+    through them works (it adds nothing), rather than failing on an empty concatenation."""
+    from transformers import AutoModelForCausalLM
+
+    from train_node.infer.tiny import build_tiny_model
+    from train_node.trainer.engine import fp32_head_logprobs, fp32_head_logprobs_and_forward_kl
+
+    path = build_tiny_model(tmp_path / "tiny", seed=0)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(False)
+    ids = torch.randint(5, 200, (7,), generator=torch.Generator().manual_seed(2))
+    pos, targets, inv_t, mask = torch.arange(7), torch.roll(ids, -1), torch.ones(7), torch.zeros(7)
+    if with_kl:
+        both = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
+        assert both is not None
+        logp, kl = both
+    else:
+        lp = fp32_head_logprobs(policy, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
+        assert lp is not None
+        logp, kl = lp, torch.zeros(7)
+    assert logp.shape == kl.shape == (7,) and float(logp.abs().sum() + kl.abs().sum()) == 0.0
+    ((logp + kl) * mask).sum().backward()
+    assert all(w.grad is None or float(w.grad.abs().max()) == 0.0 for w in policy.parameters())

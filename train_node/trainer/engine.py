@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -147,12 +148,10 @@ def fp32_head_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, positio
     split = _decoder_and_head(module)
     if split is None:
         return None
-    hidden = _hidden(split[0], input_ids, position_ids)
-    if mask is None:
-        return chunked_head_logprobs(hidden, split[1], targets, inv_t, chunk_tokens)
-    idx = loss_positions(mask)
-    lp = chunked_head_logprobs(hidden[idx], split[1], targets[idx], inv_t[idx], chunk_tokens)
-    return scatter_positions(lp, idx, mask.shape[0])
+    decoder, head = split
+    hidden = _hidden(decoder, input_ids, position_ids)
+    return _at_loss_positions(mask, lambda *rows: _checkpointed_chunks(_head_chunk, rows, (head.weight, head.bias),
+                                                                      chunk_tokens), hidden, targets, inv_t)
 
 
 def loss_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -168,6 +167,16 @@ def scatter_positions(values: torch.Tensor, idx: torch.Tensor, n: int) -> torch.
     return torch.zeros(n, *values.shape[1:], dtype=values.dtype, device=values.device).index_copy(0, idx, values)
 
 
+def _at_loss_positions(mask: torch.Tensor | None, fn: Callable[..., torch.Tensor],
+                       *rows: torch.Tensor) -> torch.Tensor:
+    """``fn(*rows)`` computed only at the :func:`loss_positions` of ``mask`` (each of ``rows`` indexed by position)
+    and scattered back to every position, 0 elsewhere; at every position when ``mask`` is None."""
+    if mask is None:
+        return fn(*rows)
+    idx = loss_positions(mask)
+    return scatter_positions(fn(*(r[idx] for r in rows)), idx, mask.shape[0])
+
+
 def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Module, input_ids: torch.Tensor,
                                       position_ids: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
                                       chunk_tokens: int, mask: torch.Tensor | None = None
@@ -179,24 +188,14 @@ def fp32_head_logprobs_and_forward_kl(module: torch.nn.Module, ref: torch.nn.Mod
     split, ref_split = _decoder_and_head(module), _decoder_and_head(ref)
     if split is None or ref_split is None:
         return None
-    hidden = _hidden(split[0], input_ids, position_ids)
+    (decoder, head), (ref_decoder, ref_head) = split, ref_split
+    hidden = _hidden(decoder, input_ids, position_ids)
     with torch.no_grad():
-        ref_hidden = _hidden(ref_split[0], input_ids, position_ids)
-    n = hidden.shape[0]
-    idx = None if mask is None else loss_positions(mask)
-    if idx is not None:
-        hidden, ref_hidden, targets, inv_t = hidden[idx], ref_hidden[idx], targets[idx], inv_t[idx]
-    head, ref_head = split[1], ref_split[1]
-    pieces = []
-    for lo in range(0, hidden.shape[0], chunk_tokens):
-        sl = slice(lo, lo + chunk_tokens)
-        pieces.append(torch.utils.checkpoint.checkpoint(
-            _head_chunk_kl, hidden[sl], head.weight, head.bias, ref_hidden[sl], ref_head.weight, ref_head.bias,
-            targets[sl], inv_t[sl], use_reentrant=False))
-    both = torch.cat(pieces, dim=1)
-    if idx is not None:
-        both = scatter_positions(both.T, idx, n).T
-    return both[0], both[1]
+        ref_hidden = _hidden(ref_decoder, input_ids, position_ids)
+    weights = (head.weight, head.bias, ref_head.weight, ref_head.bias)
+    both = _at_loss_positions(mask, lambda *rows: _checkpointed_chunks(_head_chunk_kl, rows, weights, chunk_tokens),
+                              hidden, ref_hidden, targets, inv_t)
+    return both[:, 0], both[:, 1]
 
 
 def freeze_embeddings(model: torch.nn.Module) -> int:
@@ -233,24 +232,31 @@ def _hidden(decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: tor
 def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, inv_t: torch.Tensor,
                           chunk_tokens: int) -> torch.Tensor:
     """The fp32 head + logprobs over ``chunk_tokens`` positions at a time, each chunk recomputed in backward."""
-    pieces = []
-    for lo in range(0, hidden.shape[0], chunk_tokens):
-        sl = slice(lo, lo + chunk_tokens)
-        pieces.append(torch.utils.checkpoint.checkpoint(
-            _head_chunk, hidden[sl], head.weight, head.bias, targets[sl], inv_t[sl], use_reentrant=False))
-    return torch.cat(pieces)
+    return _checkpointed_chunks(_head_chunk, (hidden, targets, inv_t), (head.weight, head.bias), chunk_tokens)
 
 
-def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                inv_t: torch.Tensor) -> torch.Tensor:
+def _checkpointed_chunks(fn: Callable[..., torch.Tensor], rows: tuple[torch.Tensor, ...],
+                         params: tuple[torch.Tensor | None, ...], chunk_tokens: int) -> torch.Tensor:
+    """``fn(*row slices, *params)`` on ``chunk_tokens`` positions at a time, each chunk under activation
+    checkpointing (recomputed in backward), concatenated along the positions. One call on no positions at all
+    (a micro-batch whose loss mask is 0 everywhere), so the result has its shape and dtype."""
+    n = rows[0].shape[0]
+    return torch.cat([torch.utils.checkpoint.checkpoint(fn, *(r[lo:lo + chunk_tokens] for r in rows), *params,
+                                                        use_reentrant=False)
+                      for lo in range(0, max(n, 1), chunk_tokens)])
+
+
+def _head_chunk(hidden: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
     return token_logprobs(_fp32_logits(hidden, weight, bias), targets, inv_t)
 
 
-def _head_chunk_kl(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ref_hidden: torch.Tensor,
-                   ref_weight: torch.Tensor, ref_bias: torch.Tensor | None, targets: torch.Tensor,
-                   inv_t: torch.Tensor) -> torch.Tensor:
+def _head_chunk_kl(hidden: torch.Tensor, ref_hidden: torch.Tensor, targets: torch.Tensor, inv_t: torch.Tensor,
+                   weight: torch.Tensor, bias: torch.Tensor | None, ref_weight: torch.Tensor,
+                   ref_bias: torch.Tensor | None) -> torch.Tensor:
+    """[positions, 2]: the logprob of the target and the forward KL to the reference, at each position."""
     logits, ref_logits = _fp32_logits(hidden, weight, bias), _fp32_logits(ref_hidden, ref_weight, ref_bias).detach()
-    return torch.stack([token_logprobs(logits, targets, inv_t), forward_kl(logits, ref_logits, inv_t)])
+    return torch.stack([token_logprobs(logits, targets, inv_t), forward_kl(logits, ref_logits, inv_t)], dim=-1)
 
 
 def _fp32_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
