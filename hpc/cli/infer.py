@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from hpc.cli.util import add_run_arg, print_json, stdout_to_stderr
+from hpc.config.inference import CPU_MAX_BATCH, CPU_PREFIX_CACHE_MB
 
 
 def register(sub: Any) -> None:
@@ -32,10 +33,11 @@ def _register_serve(sub: Any) -> None:
     p.add_argument("--served-model-name", default="policy", help="model name in requests/responses")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--max-batch", type=int, default=32, help="most sequences decoded together")
-    p.add_argument("--prefix-cache-mb", type=int, default=0, metavar="MIB",
+    p.add_argument("--max-batch", type=int, default=CPU_MAX_BATCH,
+                   help=f"most sequences decoded together (default {CPU_MAX_BATCH})")
+    p.add_argument("--prefix-cache-mb", type=int, default=CPU_PREFIX_CACHE_MB, metavar="MIB",
                    help="MiB of KV kept from finished requests and reused by prompts that start with the same "
-                   "tokens (an agent's next turn); emptied at every reload (default 0 = off)")
+                   f"tokens (an agent's next turn); emptied at every reload (default {CPU_PREFIX_CACHE_MB}; 0 = off)")
     p.add_argument("--max-model-len", type=int, default=0, help="context limit (0 = max_position_embeddings)")
     p.add_argument("--secret-file", metavar="FILE", help="bearer secret for /reload (else $SPOOLRL_SECRET)")
     p.add_argument("--require-auth-all", action="store_true", help="require the secret on every route but /health")

@@ -6,6 +6,11 @@ from typing import Literal
 
 from hpc.config.base import knob, section
 
+# The CPU engine's defaults, here once: the knobs below, `spoolrl serve`'s flags and the engine's own
+# signatures (train_node/infer/) all read these.
+CPU_MAX_BATCH = 32
+CPU_PREFIX_CACHE_MB = 0
+
 
 @section
 class InferenceConfig:
@@ -37,9 +42,9 @@ class InferenceConfig:
                                 resumable=True)
     cpu_threads: int = knob(0, doc="engine 'cpu': torch threads per server (0 = the node's CPUs / num_cpu_servers)",
                             min=0, resumable=True)
-    cpu_max_batch: int = knob(32, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
+    cpu_max_batch: int = knob(CPU_MAX_BATCH, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
                               resumable=True)
-    cpu_prefix_cache_mb: int = knob(0, doc="engine 'cpu': MiB of KV kept from finished requests, so a prompt "
+    cpu_prefix_cache_mb: int = knob(CPU_PREFIX_CACHE_MB, doc="engine 'cpu': MiB of KV kept from finished requests, so a prompt "
                                     "that starts with the same tokens (an agent's next turn, a group's shared "
                                     "prompt) forwards only the rest; emptied at every weight reload (0 = off, the "
                                     "default: the demo's tiny model gains 1.05x; 1024 took 4-turn SmolLM2 "

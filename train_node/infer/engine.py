@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hpc.config.inference import CPU_MAX_BATCH, CPU_PREFIX_CACHE_MB
 from train_node.infer.protocol import ChoiceResult, SamplingParams
 
 if TYPE_CHECKING:
@@ -267,8 +268,8 @@ class _Batch:
 class Engine:
     """Continuous batching over one model. Thread-safe entry points: submit, swap, close."""
 
-    def __init__(self, loaded: LoadedModel, *, max_batch: int = 32, max_model_len: int | None = None,
-                 prefix_cache_mb: int = 0) -> None:
+    def __init__(self, loaded: LoadedModel, *, max_batch: int = CPU_MAX_BATCH, max_model_len: int | None = None,
+                 prefix_cache_mb: int = CPU_PREFIX_CACHE_MB) -> None:
         self._loaded = loaded
         self._max_batch = max_batch
         self.prefix = PrefixCache(prefix_cache_mb << 20)

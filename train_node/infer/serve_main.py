@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from hpc.config.inference import CPU_MAX_BATCH, CPU_PREFIX_CACHE_MB
 from hpc.errors import UsageError
 from hpc.fsutil import atomic_write_json
 from hpc.httpserver import HttpServer
@@ -32,8 +33,8 @@ class ServeArgs:
     served_model_name: str = "policy"
     dtype: str = "float32"
     threads: int = 0
-    max_batch: int = 32
-    prefix_cache_mb: int = 0
+    max_batch: int = CPU_MAX_BATCH
+    prefix_cache_mb: int = CPU_PREFIX_CACHE_MB
     max_model_len: int = 0
     secret_file: str | None = None
     require_auth_all: bool = False

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpc.config.inference import CPU_MAX_BATCH, CPU_PREFIX_CACHE_MB
 from train_node.infer.engine import Engine, LoadedModel, Sequence, load_model
 from train_node.infer.httpbase import Call, Reply, Route, authorized, error_reply, json_reply
 from train_node.infer.protocol import (
@@ -41,8 +42,8 @@ OPEN_ROUTES = frozenset({"/health"})
 class ServeOptions:
     served_model_name: str = "policy"
     dtype: str = "float32"
-    max_batch: int = 32
-    prefix_cache_mb: int = 0
+    max_batch: int = CPU_MAX_BATCH
+    prefix_cache_mb: int = CPU_PREFIX_CACHE_MB
     max_model_len: int | None = None
     secret: str | None = None
     require_auth_all: bool = False

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from hpc.config.inference import CPU_MAX_BATCH, CPU_PREFIX_CACHE_MB
 from hpc.fsutil import read_json
 from hpc.httpserver import HttpServer
 from hpc.paths import node_scratch
@@ -59,8 +60,8 @@ class ServerSpec:
     max_model_len: int = 0
     # cpu engine
     threads: int = 0
-    max_batch: int = 32
-    prefix_cache_mb: int = 0
+    max_batch: int = CPU_MAX_BATCH
+    prefix_cache_mb: int = CPU_PREFIX_CACHE_MB
     # vllm
     vllm_python: str = "python3"
     vllm_args: tuple[str, ...] = ()
