@@ -13,7 +13,9 @@ Phases, in order (each prints one JSON line):
 1. ``warm``: the format warm start. The converted model never emits the tool-call format (measured: reward 0,
    every episode prose), so it is first fitted for ``--warm-steps`` SFT steps on the canonical episodes of
    ``builtin-lookup-warm`` (32 instances disjoint from the training and held-out sets: view the setting's
-   file, write its value, submit; :func:`hpc.cli.demo_model.lookup_warm_model`, cached). Every later phase,
+   file, write its value, submit; :func:`hpc.cli.demo_model.lookup_warm_model`, cached; with
+   ``--warm-drawn-values N``, N episodes per instance, each showing and writing a value drawn at random, so that
+   no value can be recalled, only copied from the observation). Every later phase,
    every arm included, starts from these weights, with the warm start's one-line system prompt and budget.
 2. ``before``: the held-out pass rate of the warm-started model: every instance of ``builtin-lookup-heldout``
    (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
@@ -35,7 +37,7 @@ goal (issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls fl
 samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
 
     .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700]
-        [--warm-steps 16] [--measure-only] [--tune LR,LR] [key=value ...]
+        [--warm-steps 16] [--warm-drawn-values N] [--measure-only] [--tune LR,LR] [key=value ...]
 
 ``--tune 1e-4,4e-4`` is the step before: each lr trains the real arm ``--steps`` (default 4) steps and is
 scored on the TRAINING set's first 32 instances; it prints the winner and stops (the held-out set is not
@@ -117,7 +119,8 @@ def convert_model() -> Path:
 
 def warm_spec(args: argparse.Namespace) -> LookupWarm:
     """The format warm start: ``--warm-steps`` SFT steps on the top ``--layers`` blocks."""
-    return LookupWarm(steps=args.warm_steps, lr=args.warm_lr, trainable_layers=args.layers, seed=args.seed)
+    return LookupWarm(steps=args.warm_steps, lr=args.warm_lr, trainable_layers=args.layers, seed=args.seed,
+                      drawn_values=args.warm_drawn_values)
 
 
 def rollout_overrides(args: argparse.Namespace) -> list[str]:
@@ -255,6 +258,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"SFT steps of the format warm start (default {LookupWarm.steps})")
     parser.add_argument("--warm-lr", type=float, default=LookupWarm.lr,
                         help=f"the warm start's peak lr (default {LookupWarm.lr})")
+    parser.add_argument("--warm-drawn-values", type=int, default=LookupWarm.drawn_values, metavar="N",
+                        help="N > 0: N warm demonstrations per instance, each with a value drawn at random in the "
+                        "setting's file (none recallable: the model must copy it); 0 (default): the instance's own")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and eval")

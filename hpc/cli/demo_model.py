@@ -41,6 +41,9 @@ class LookupWarm:
     max_turns: int = 4
     max_new_tokens_per_turn: int = 64
     observation_max_tokens: int = 128
+    # > 0: that many demonstrations per warm instance, each showing and writing a value drawn at random, so no
+    # value can be recalled (rollout_node.tasks.builtin.warm.lookup_transcripts); 0: each instance's own value
+    drawn_values: int = 0
 
     def limits(self, temperature: float = 1.0) -> Any:
         from rollout_node.agent.loop import AgentLimits
@@ -150,7 +153,8 @@ def lookup_warm_model(base: Path, warm: LookupWarm = LookupWarm()) -> Path:
     template = ChatTemplate.from_model_dir(base)
     examples = [(t.token_ids, t.loss_mask) for t in
                 lookup_transcripts(template, load_tasks(LOOKUP_WARM_SET), agent_limits=warm.limits(),
-                                   system=SYSTEM_PROMPTS[warm.system_prompt])]
+                                   system=SYSTEM_PROMPTS[warm.system_prompt], drawn_values=warm.drawn_values,
+                                   seed=warm.seed)]
     spec = WarmSpec(steps=warm.steps, batch_size=warm.batch_size, lr=warm.lr, seed=warm.seed,
                     trainable_layers=warm.trainable_layers)
     return cached_warm_start(base, examples, spec)

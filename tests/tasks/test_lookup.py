@@ -9,7 +9,7 @@ import pytest
 from hpc.config import SandboxConfig
 from rollout_node.tasks import ensure_builtin_repos, harness, load_tasks
 from rollout_node.tasks.builtin import HERE, REPOS_DIR, generate
-from rollout_node.tasks.builtin.lookup import SETS, answer_of, lookup_specs, setting_files, settings
+from rollout_node.tasks.builtin.lookup import SETS, answer_of, lookup_specs, setting_files, setting_of, settings
 
 pytestmark = pytest.mark.sandbox
 
@@ -77,3 +77,34 @@ def test_warm_transcripts_view_the_file_and_write_its_value(tmp_path) -> None:
         assert f'"new": "{t.value}"' in policy and f"value = {t.value}" in context
         first_policy = mask.index(1)
         assert t.value not in template.decode(ids[:first_policy]), "the statement must not hold the value"
+
+
+def test_warm_transcripts_with_drawn_values_show_and_write_a_fresh_value_each(tmp_path) -> None:
+    """``drawn_values=2``: two episodes per instance, each viewing the instance's setting file, which shows a value
+    drawn for that episode, and writing that value; no two drawn values alike and none is any instance's value
+    (of any set), so nothing in them can be recalled on another instance. The same seed draws the same values."""
+    from rollout_node.agent.loop import AgentLimits
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks.builtin.warm import lookup_transcripts
+    from train_node.infer.tiny import build_tiny_model
+
+    template = ChatTemplate.from_model_dir(build_tiny_model(tmp_path / "tiny", seed=0))
+    tasks = load_tasks("builtin-lookup-warm")[:3]
+    limits = AgentLimits(max_turns=4, max_new_tokens_per_turn=64)
+    got = lookup_transcripts(template, tasks, agent_limits=limits, system="Fix it.", drawn_values=2, seed=5)
+    assert len(got) == 6
+    values = [t.value for t in got]
+    assert len(set(values)) == 6 and not set(values) & {v for _, v in settings()}
+    for i, t in enumerate(got):
+        name = setting_of(tasks[i // 2])
+        policy = template.decode([x for x, m in zip(t.token_ids, t.loss_mask, strict=True) if m])
+        context = template.decode([x for x, m in zip(t.token_ids, t.loss_mask, strict=True) if not m])
+        assert f'"path": "settings/{name}.ini"' in policy and f'"new": "{t.value}"' in policy
+        assert f"[{name}]" in context and f"value = {t.value}" in context and answer_of(tasks[i // 2]) not in context
+    again = lookup_transcripts(template, tasks, agent_limits=limits, system="Fix it.", drawn_values=2, seed=5)
+    assert [t.token_ids for t in again] == [t.token_ids for t in got]
+    from rollout_node.tasks.builtin import lookup
+    from rollout_node.tasks.builtin.warm import RepoFileTools
+
+    with pytest.raises(ValueError, match="not one of the files this stand-in restores"):
+        RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value).reset({"settings/x.ini": "[x]\n"})

@@ -54,7 +54,17 @@ def settings(seed: int = SEED) -> list[tuple[str, str]]:
 
 def setting_files(seed: int = SEED) -> dict[str, str]:
     """Path in the repository -> text, for every setting file."""
-    return {f"settings/{name}.ini": f"[{name}]\nvalue = {value}\n" for name, value in settings(seed)}
+    return {setting_path(name): setting_text(name, value) for name, value in settings(seed)}
+
+
+def setting_path(name: str) -> str:
+    """Where the setting ``name`` is stored in the repository."""
+    return f"settings/{name}.ini"
+
+
+def setting_text(name: str, value: str) -> str:
+    """The text of a setting's file."""
+    return f"[{name}]\nvalue = {value}\n"
 
 
 def _test_source(name: str, value: str) -> str:
@@ -99,5 +109,5 @@ def written_value(arguments: Mapping[str, Any]) -> str | None:
 
 def solution_calls(name: str, value: str) -> list[tuple[str, dict[str, Any]]]:
     """The three tool calls of the canonical episode: view the setting's file, write ``value``, submit."""
-    return [("view", {"path": f"settings/{name}.ini"}),
+    return [("view", {"path": setting_path(name)}),
             ("str_replace", {"path": CONFIG, "old": PLACEHOLDER, "new": value}), ("submit", {})]

@@ -78,9 +78,14 @@ class RepoFileTools:
         self.written: str | None = None
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, files: Mapping[str, str] | None = None) -> None:
+        """The pristine repository again, then ``files`` (path -> text; each must be one of ``edited``) written."""
         for rel in self._edited:
             (self._dir / rel).write_text((self._source / rel).read_text())
+        for rel, text in (files or {}).items():
+            if rel not in self._edited:
+                raise ValueError(f"{rel}: not one of the files this stand-in restores ({', '.join(self._edited)})")
+            (self._dir / rel).write_text(text)
         self.written = None
 
     def execute(self, call: ToolCall) -> ToolOutput:
@@ -143,17 +148,31 @@ def value_prefix(template: ChatTemplate, task: TaskInstance, *,
 
 
 def lookup_transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], *, agent_limits: AgentLimits,
-                       system: str = SYSTEM_PROMPT) -> list[Transcript]:
+                       system: str = SYSTEM_PROMPT, drawn_values: int = 0, seed: int = 0) -> list[Transcript]:
     """The canonical episode of each ``builtin-lookup`` instance of ``tasks``, in order (see the module's
-    Guarantees: give it ``builtin-lookup-warm`` only)."""
+    Guarantees: give it ``builtin-lookup-warm`` only).
+
+    ``drawn_values`` = n > 0: n episodes per instance instead, each with the setting's file showing a value
+    drawn at random (``seed``; no two alike, and none is the value of any instance of any set) and the edit
+    writing that value. A value is then seen once, so a model fitted to these cannot recall a value: it must
+    copy it from the observation. (With each instance's own value, 16 steps of 4 over the 32 instances taught
+    the model those values: measured, on instances it had not seen it wrote made-up digits.)"""
     loop = AgentLoop(template, agent_limits)
-    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value)
+    files = [lookup.setting_path(lookup.setting_of(t)) for t in tasks] if drawn_values else []
+    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG, *files), lookup.written_value)
+    taken = {value for _, value in lookup.settings()}
+    pool = [str(v) for v in range(1000, 10000) if str(v) not in taken]
+    drawn = iter(random.Random(seed).sample(pool, len(tasks) * drawn_values))
     out = []
     for task in tasks:
-        value, name = lookup.answer_of(task), lookup.setting_of(task)
-        tools.reset()
-        result = loop.run(task_messages(task.problem_statement, system=system),
-                          _Script(template, lookup.solution_calls(name, value)), tools)
-        assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason, result.error)
-        out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, value))
+        name = lookup.setting_of(task)
+        shown = {}
+        for value in [next(drawn) for _ in range(drawn_values)] or [lookup.answer_of(task)]:
+            if drawn_values:
+                shown = {lookup.setting_path(name): lookup.setting_text(name, value)}
+            tools.reset(shown)
+            result = loop.run(task_messages(task.problem_statement, system=system),
+                              _Script(template, lookup.solution_calls(name, value)), tools)
+            assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason, result.error)
+            out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, value))
     return out
