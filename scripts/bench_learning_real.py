@@ -13,9 +13,9 @@ Phases, in order (each prints one JSON line):
 1. ``warm``: the format warm start. The converted model never emits the tool-call format (measured: reward 0,
    every episode prose), so it is first fitted for ``--warm-steps`` SFT steps on the canonical episodes of
    ``builtin-lookup-warm`` (32 instances disjoint from the training and held-out sets: view the setting's
-   file, write its value, submit; :func:`hpc.cli.demo_model.lookup_warm_model`, cached; with
-   ``--warm-drawn-values N``, N episodes per instance, each showing and writing a value drawn at random, so that
-   no value can be recalled, only copied from the observation). Every later phase,
+   file, write its value, submit; :func:`hpc.cli.demo_model.lookup_warm_model`, cached; ``--warm-drawn-values``
+   2 episodes per instance, each showing and writing a value drawn at random, so that no value can be recalled,
+   only copied from the observation). Every later phase,
    every arm included, starts from these weights, with the warm start's one-line system prompt and budget.
 2. ``before``: the held-out pass rate of the warm-started model: every instance of ``builtin-lookup-heldout``
    (32, never trained on) sampled ``--k`` times at the run's temperature, as one lr = 0 step of a demo
@@ -260,7 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"the warm start's peak lr (default {LookupWarm.lr})")
     parser.add_argument("--warm-drawn-values", type=int, default=LookupWarm.drawn_values, metavar="N",
                         help="N > 0: N warm demonstrations per instance, each with a value drawn at random in the "
-                        "setting's file (none recallable: the model must copy it); 0 (default): the instance's own")
+                        f"setting's file (none recallable: the model must copy it; default {LookupWarm.drawn_values}); "
+                        "0: each instance's own value")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and eval")

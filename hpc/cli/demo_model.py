@@ -42,8 +42,10 @@ class LookupWarm:
     max_new_tokens_per_turn: int = 64
     observation_max_tokens: int = 128
     # > 0: that many demonstrations per warm instance, each showing and writing a value drawn at random, so no
-    # value can be recalled (rollout_node.tasks.builtin.warm.lookup_transcripts); 0: each instance's own value
-    drawn_values: int = 0
+    # value can be recalled (rollout_node.tasks.builtin.warm.lookup_transcripts); 0: each instance's own value,
+    # which the fit learns by heart (loss 0.08 over 32 values) and then writes, from memory, on instances it never
+    # saw (the runaway digits of the 2026-12-06 runs)
+    drawn_values: int = 2
 
     def limits(self, temperature: float = 1.0) -> Any:
         from rollout_node.agent.loop import AgentLimits

@@ -13,7 +13,8 @@ Guarantees:
   setting's file, write its value, submit), token-exact in the same way (``view`` and ``str_replace`` are the
   sandbox's host-side file tools). Callers give it only ``builtin-lookup-warm``, the set disjoint from the
   training and held-out ones, so a model fitted to it has seen the tool protocol, never an instance it is
-  trained or evaluated on.
+  trained or evaluated on. With ``drawn_values``, each episode's file shows a value drawn for it (none is any
+  instance's), so no value in the data can be recalled elsewhere, only copied.
 - Imports no torch: the model side (training, sampling) is ``train_node.infer.warm``.
 """
 
@@ -166,11 +167,8 @@ def lookup_transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], *,
     out = []
     for task in tasks:
         name = lookup.setting_of(task)
-        shown = {}
         for value in [next(drawn) for _ in range(drawn_values)] or [lookup.answer_of(task)]:
-            if drawn_values:
-                shown = {lookup.setting_path(name): lookup.setting_text(name, value)}
-            tools.reset(shown)
+            tools.reset({lookup.setting_path(name): lookup.setting_text(name, value)} if drawn_values else None)
             result = loop.run(task_messages(task.problem_statement, system=system),
                               _Script(template, lookup.solution_calls(name, value)), tools)
             assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason, result.error)
