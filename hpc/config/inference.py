@@ -42,10 +42,10 @@ class InferenceConfig:
                                 resumable=True)
     cpu_threads: int = knob(0, doc="engine 'cpu': torch threads per server (0 = the node's CPUs / num_cpu_servers)",
                             min=0, resumable=True)
-    cpu_max_batch: int = knob(CPU_MAX_BATCH, doc="engine 'cpu': most sequences decoded together in one forward pass", min=1,
-                              resumable=True)
-    cpu_prefix_cache_mb: int = knob(CPU_PREFIX_CACHE_MB, doc="engine 'cpu': MiB of KV kept from finished requests, so a prompt "
-                                    "that starts with the same tokens (an agent's next turn, a group's shared "
+    cpu_max_batch: int = knob(CPU_MAX_BATCH, doc="engine 'cpu': most sequences decoded together in one forward pass",
+                              min=1, resumable=True)
+    cpu_prefix_cache_mb: int = knob(CPU_PREFIX_CACHE_MB, doc="engine 'cpu': MiB of KV kept from finished requests, so "
+                                    "a prompt that starts with the same tokens (an agent's next turn, a group's shared "
                                     "prompt) forwards only the rest; emptied at every weight reload (0 = off, the "
                                     "default: the demo's tiny model gains 1.05x; 1024 took 4-turn SmolLM2 "
                                     "conversations 1.48x faster, and bench_learning_real runs with it; the demo's "
