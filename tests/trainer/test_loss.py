@@ -208,6 +208,20 @@ def test_params_defaults_are_the_configs() -> None:
     assert LossParams() == LossParams.from_config(AlgorithmConfig())
 
 
+def _head_pass(policy, ref, ids, pos, targets, inv_t, mask):
+    """The engine's fp32 chunked head, 4 positions a chunk: (logprobs, forward KL against ``ref``), the KL 0 without
+    ``ref``."""
+    from train_node.trainer.engine import fp32_head_logprobs, fp32_head_logprobs_and_forward_kl
+
+    if ref is not None:
+        both = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
+        assert both is not None
+        return both
+    lp = fp32_head_logprobs(policy, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
+    assert lp is not None
+    return lp, torch.zeros_like(lp)
+
+
 @pytest.mark.parametrize("masked", [False, True], ids=["every position", "loss positions only"])
 @pytest.mark.parametrize("with_kl", [False, True], ids=["logprobs", "logprobs and forward KL"])
 def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_kl):
@@ -219,7 +233,6 @@ def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_
 
     import train_node.trainer.engine as engine
     from train_node.infer.tiny import build_tiny_model
-    from train_node.trainer.engine import fp32_head_logprobs, fp32_head_logprobs_and_forward_kl
 
     head_rows: list[int] = []  # the positions each fp32 head application ran on (recomputes in backward too)
     fp32_logits = engine._fp32_logits
@@ -235,15 +248,7 @@ def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_
     inv_t = torch.full((11,), 1 / 0.7)
     # a prompt, a generated turn, an observation, a second turn: 6 of 11 positions carry the loss
     mask = torch.tensor([0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0], dtype=torch.float32) if masked else torch.ones(11)
-    passed = mask if masked else None
-    if with_kl:
-        both = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4, mask=passed)
-        assert both is not None
-        logp, kl = both
-    else:
-        lp = fp32_head_logprobs(policy, ids, pos, targets, inv_t, chunk_tokens=4, mask=passed)
-        assert lp is not None
-        logp, kl = lp, torch.zeros(11)
+    logp, kl = _head_pass(policy, ref if with_kl else None, ids, pos, targets, inv_t, mask if masked else None)
     ((logp + kl) * mask).sum().backward()
     # forward and the backward's recompute, the policy's head and (with the KL) the reference's
     assert sum(head_rows) == int(mask.sum()) * 2 * (2 if with_kl else 1)
@@ -274,21 +279,13 @@ def test_a_micro_batch_without_loss_positions_gives_zeros(tmp_path, with_kl):
     from transformers import AutoModelForCausalLM
 
     from train_node.infer.tiny import build_tiny_model
-    from train_node.trainer.engine import fp32_head_logprobs, fp32_head_logprobs_and_forward_kl
 
     path = build_tiny_model(tmp_path / "tiny", seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(False)
     ids = torch.randint(5, 200, (7,), generator=torch.Generator().manual_seed(2))
     pos, targets, inv_t, mask = torch.arange(7), torch.roll(ids, -1), torch.ones(7), torch.zeros(7)
-    if with_kl:
-        both = fp32_head_logprobs_and_forward_kl(policy, ref, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
-        assert both is not None
-        logp, kl = both
-    else:
-        lp = fp32_head_logprobs(policy, ids, pos, targets, inv_t, chunk_tokens=4, mask=mask)
-        assert lp is not None
-        logp, kl = lp, torch.zeros(7)
+    logp, kl = _head_pass(policy, ref if with_kl else None, ids, pos, targets, inv_t, mask)
     assert logp.shape == kl.shape == (7,) and float(logp.abs().sum() + kl.abs().sum()) == 0.0
     ((logp + kl) * mask).sum().backward()
     assert all(w.grad is None or float(w.grad.abs().max()) == 0.0 for w in policy.parameters())
