@@ -116,7 +116,9 @@ def _config_dict(python: Path, scratch: Path) -> dict[str, Any]:
         "rollout": {"policy": "llm", "max_turns": 3, "max_new_tokens_per_turn": 32,
                     "max_tokens": 1536, "run_workers": 2, "eval_workers": 1, "init_workers": 1,
                     "drain_timeout_s": 3.0},
-        "inference": {"interface": "lo"},
+        # heartbeats 4x the default rate: the server is up for only seconds per job here, and the test
+        # checks that status shows its counter move
+        "inference": {"interface": "lo", "heartbeat_s": 0.5},
         "spool": {"shard_max_age_s": 2.0, "poll_interval_s": 1.0},
         # The rollout node's scratch is per test run: hpc/cli/rollout.py names it
         # <scratch>/spoolrl-rollout for every user, so one made by root (spoolrl demo) blocks the CI user.
@@ -452,7 +454,7 @@ def test_launch_cancel_resume_exactly_once(ci_python: Path, e2e_config: Path, e2
     job2 = _api(ci_python, "print(Run.open(argv[0]).resume().job_ids[0])", str(run))[-1]
     assert job2 != job1
     # run.wait() until the resumed job ends, its progress callback printing every run.status() it is given
-    waited = _api(ci_python, "run = Run.open(argv[0]); state = run.wait(timeout=480, poll_s=3, progress=lambda s: "
+    waited = _api(ci_python, "run = Run.open(argv[0]); state = run.wait(timeout=480, poll_s=1, progress=lambda s: "
                   "print(json.dumps(s, default=str), flush=True)); print(state)", str(run), timeout=540)
     assert waited[-1] == "COMPLETED", f"{waited[-1]}\n{_batch_logs(run)}"
     for line in waited[:-1]:
