@@ -39,7 +39,7 @@ _SECOND = ("batch", "cache", "delay", "depth", "limit", "offset", "pool", "quota
            "slots", "span", "ttl", "window")
 STATEMENT = ("Configure `VALUE` from the `{name}` setting\n\n"
              "`VALUE` in lookup/config.py is still unset. It must hold the value of the setting `{name}`, which "
-             "is stored in settings/{name}.ini in this repository (read it there: it is not in this message). "
+             "is stored in {path} in this repository (read it there: it is not in this message). "
              "Write that value into `VALUE` in lookup/config.py, then submit.\n")
 
 
@@ -83,7 +83,7 @@ def lookup_specs(source: str) -> tuple[Spec, ...]:
         raise KeyError(f"not a builtin-lookup set: {source!r} (one of {', '.join(SETS)})")
     specs = []
     for i, (name, value) in enumerate(settings()[start:start + SETS[source][1]], start=start + 1):
-        specs.append(Spec(REPO, i, STATEMENT.format(name=name), ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
+        specs.append(Spec(REPO, i, STATEMENT.format(name=name, path=setting_path(name)), ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
                           ((TEST_FILE, "", _test_source(name, value)),), (f"{TEST_FILE}::test_value_is_{name}",),
                           p2p_files=("tests/test_config.py",)))
     return tuple(specs)
