@@ -15,6 +15,9 @@ Guarantees:
   ``service.llm_server`` backends are registered at startup (not probed: the engine may start later).
 - ``/stop`` ends every job (``server is stopping; job cancelled``), tells the nodes to stop them
   (their sandboxes are closed) and withdraws the backends.
+- Shutting down (SIGTERM/SIGINT) ends every job at once with 503 (``server is shutting down; job
+  cancelled``) and tells the nodes to stop them, before aiohttp waits for the handlers still
+  running: a call in flight never holds the server past a time limit's grace.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from aiohttp import web
 from hpc.config.service import Network, ServiceSection, trusted_networks
 from rollout_node.service import wire
 from rollout_node.service.backends import Backends, base_url
-from rollout_node.service.frontdoor import FrontDoor, JobEnded
+from rollout_node.service.frontdoor import SHUTTING_DOWN, FrontDoor, JobEnded
 from rollout_node.service.probe import probe_backend, refusal_detail
 
 log = logging.getLogger("spoolrl.service")
@@ -78,12 +81,20 @@ class Service:
                         web.post("/clear_llm_server", self.clear_llm_server),
                         web.post("/process", self.process), web.post("/cancel", self.cancel)])
         app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         return app
 
     async def _on_startup(self, _app: web.Application) -> None:
         await self.door.open()
         self._beat = asyncio.create_task(self._heartbeat())
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        # aiohttp runs this before it waits (up to 60 s) for the handlers still running: a /process call
+        # waiting on its job would otherwise hold the server past a time limit's grace (SIGKILL, its
+        # claim left to a lease). Its job ends now with 503, and the nodes are told to stop it.
+        self.door.running = False
+        self.door.fail_all(503, SHUTTING_DOWN)
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         if self._beat is not None:

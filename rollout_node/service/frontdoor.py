@@ -43,6 +43,7 @@ from rollout_node.service import wire
 
 log = logging.getLogger("spoolrl.service")
 HOLDERS_EVERY_S = 1.0
+SHUTTING_DOWN = "server is shutting down; job cancelled"
 # Nodes rescan RUN/endpoints at most every 1 s (EndpointDirectory.rescan_s): tasks submitted just
 # after a backend change are held this long, so none of them runs on a backend already cleared.
 SWAP_HOLD_S = 1.5
@@ -114,7 +115,7 @@ class FrontDoor:
         return spool
 
     async def close(self) -> None:
-        self.fail_all(503, "server is shutting down; job cancelled")
+        self.fail_all(503, SHUTTING_DOWN)
         if self._pump is not None:
             self._pump.cancel()
         await self._io(self._flush_round, self._take_round())

@@ -11,6 +11,7 @@ admission, 504 and /stop are exercised without timing guesses.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
         assert server.stdout is not None
         ready = json.loads(server.stdout.readline() or "null")
         assert ready, (tmp / "server.log").read_text()[-3000:]
-        yield {"url": ready["url"], "token": ready["token"], "engine": engine, "tmp": tmp, "ready": ready}
+        yield {"url": ready["url"], "token": ready["token"], "engine": engine, "tmp": tmp, "ready": ready,
+               "server": server}
     finally:
         for proc in (server, serve):
             proc.terminate()
@@ -211,6 +213,28 @@ def check_cancel_admission_timeout_stop(stack: Any) -> None:
     hole.release()
 
 
+def check_sigterm_mid_episode(stack: Any) -> None:
+    """A time limit's SIGTERM while a call waits on an episode mid-RUN: the call is answered 503 at once
+    (not when its job times out, nor after aiohttp's 60 s wait for handlers: past a Slurm grace the
+    server would be SIGKILLed with the task still claimed), the server exits 0, no claim is left."""
+    hole = Blackhole()
+    assert _call(stack, "/start", {})[0] == 200
+    assert _call(stack, "/clear_llm_server", {})[0] == 200
+    assert _call(stack, "/add_llm_server", {"address": hole.url + "/v1"})[0] == 200
+    hole.release()  # the probe's connection
+    hung = _process_async(stack, {"instance": builtin_instance(), "job_id": "term-1"})
+    _wait(lambda: len(hole.held) >= 1, "the episode to reach its first LLM call")
+    _wait(lambda: _call(stack, "/status")[1]["active_run"] == 1, "the node to report the running episode")
+    server = stack["server"]
+    server.send_signal(signal.SIGTERM)
+    hung["thread"].join(30)
+    assert hung["status"] == 503 and "shutting down" in hung["body"]["detail"], hung
+    assert server.wait(timeout=50) == 0, (stack["tmp"] / "server.log").read_text()[-3000:]
+    claimed = sorted(p.name for p in (stack["tmp"] / "run" / "spool" / "tasks" / "claimed").glob("*/*"))
+    assert claimed == [], claimed
+    hole.release()
+
+
 def test_prorl_client_end_to_end(stack: Any) -> None:
     endpoint = json.loads((stack["tmp"] / "run" / "endpoints" / "rollout-server.json").read_text())
     assert endpoint["url"] == stack["url"] and Path(endpoint["token_file"]).read_text().strip() == stack["token"]
@@ -218,3 +242,4 @@ def test_prorl_client_end_to_end(stack: Any) -> None:
     check_start_and_routing(stack)
     check_one_episode(stack)
     check_cancel_admission_timeout_stop(stack)
+    check_sigterm_mid_episode(stack)  # last: the server is gone after it
