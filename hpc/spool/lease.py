@@ -15,7 +15,9 @@ Guarantees (each holds on NFS, Lustre and GPFS; no flock/fcntl, no inotify, no m
   goes back to ready with the attempt bumped; a task file that vanished is put again.
 - A worker is alive while its heartbeat counter file changes, as observed on the *observer's own*
   ``time.monotonic()``; a worker whose counter has not changed for its lease (written into the
-  heartbeat file) is expired and its claims go back to ``ready/`` with the attempt bumped.
+  heartbeat file) is expired and its claims go back to ``ready/`` with the attempt bumped. Every
+  claim through the spool watches (at most about every lease/4), ready tasks or not, and the
+  reclaimer's next claims take what it moved back first.
 """
 
 from __future__ import annotations
@@ -231,8 +233,9 @@ class TaskQueue:
         return self.reclaim_expired()
 
     def reclaim_expired(self) -> int:
-        """Give the claims of expired workers back to ``ready/`` (attempt + 1); returns how many."""
-        moved = 0
+        """Give the claims of expired workers back to ``ready/`` (attempt + 1); returns how many. This
+        queue's next claims take them first: they are the oldest work, and a step may be waiting on them."""
+        moved = []
         for worker in visible(listdir(self.claimed)):
             files = visible(listdir(self.claimed / worker))
             if not files or not self.liveness.expired(worker):
@@ -241,10 +244,11 @@ class TaskQueue:
                 name, attempt = _split(file_name)
                 try:
                     os.rename(self.claimed / worker / file_name, self.ready / f"{name}@{attempt + 1}")
-                    moved += 1
+                    moved.append(f"{name}@{attempt + 1}")
                 except FileNotFoundError:
                     pass  # its holder finished or released it just now
-        return moved
+        self._candidates += moved  # claim() pops from the end
+        return len(moved)
 
     def holders(self) -> dict[str, str]:
         """Each claimed task's name -> the worker whose claim directory holds it (file-name forms)."""

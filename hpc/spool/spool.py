@@ -60,7 +60,9 @@ class Spool:
         if last is None or time.monotonic() - last > self.config.heartbeat_interval_s / 2:
             self.heartbeat(worker_id)  # claiming shows life; more often would only cost I/O
         lease = self.tasks.claim(worker_id, self.config.lease_s)
-        if lease is None and self.tasks.maybe_reclaim():
+        # every claim watches for dead workers, not only one that finds the queue dry: their tasks come back
+        # about one lease after the death, not one lease after the queue first runs dry (a step waits on them)
+        if self.tasks.maybe_reclaim() and lease is None:
             lease = self.tasks.claim(worker_id, self.config.lease_s)
         return lease
 

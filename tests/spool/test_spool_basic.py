@@ -90,6 +90,28 @@ def test_expired_lease_is_reclaimed_and_its_finish_rejected(tmp_path: Path) -> N
     assert again is not None and again.task_id == dead.task_id and again.attempt == 1
 
 
+def test_a_dead_workers_task_comes_back_while_other_tasks_are_ready(tmp_path: Path) -> None:
+    """The dead worker's task is reclaimed about one lease after its death and claimed again next, with
+    the queue never dry (before: only a claim that found the queue empty watched for the dead)."""
+    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.2)
+    spool = Spool(tmp_path, config)
+    spool.put_tasks([{"task_id": f"t{i}"} for i in range(200)])
+    dead = spool.claim_task("dead")
+    assert dead is not None
+    live = Spool(tmp_path, config)
+    seen: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 5.0
+    while (dead.task_id, 1) not in seen and time.monotonic() < deadline:
+        lease = live.claim_task("live")  # claiming beats the live worker's heartbeat
+        assert lease is not None, "the queue ran dry"
+        seen.append((lease.task_id, lease.attempt))
+        assert live.finish_task(lease)
+        time.sleep(0.05)
+    assert (dead.task_id, 1) in seen, f"not reclaimed in 5 s ({len(seen)} claims)"
+    assert live.stats()["tasks_ready"] > 100
+    assert not spool.finish_task(dead)  # the dead worker's late finish is refused
+
+
 # ----------------------------------------------------------------------------------------- shards
 
 
