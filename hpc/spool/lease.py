@@ -28,7 +28,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -232,11 +232,14 @@ class TaskQueue:
         self._next_reap = now + self.reap_interval_s * random.uniform(0.8, 1.2)
         return self.reclaim_expired()
 
-    def reclaim_expired(self) -> int:
-        """Give the claims of expired workers back to ``ready/`` (attempt + 1); returns how many. This
-        queue's next claims take them first: they are the oldest work, and a step may be waiting on them."""
+    def reclaim_expired(self, among: Container[str] | None = None) -> int:
+        """Give the claims of expired workers (of those named in ``among``, when given) back to ``ready/``
+        (attempt + 1); returns how many. This queue's next claims take them first: they are the oldest
+        work, and a step may be waiting on them."""
         moved = []
         for worker in visible(listdir(self.claimed)):
+            if among is not None and worker not in among:
+                continue
             files = visible(listdir(self.claimed / worker))
             if not files or not self.liveness.expired(worker):
                 continue

@@ -18,6 +18,12 @@ The checks (each names its bound in its detail):
 - ``leaks``: no process naming the soak's directories, no zombie among the roles' descendants for
   ``ZOMBIE_BOUND_S``, no mount under them, no ``spoolrl-sbx`` pids cgroup of a role's process, no
   episode directory left in scratch, no open task or shard claim in either run's spool.
+
+Before the checks, a task claim still held by a process the chaos SIGKILLed goes back to ``ready/``
+through the spool's own lease reclaim (:func:`reclaim_killed_holders`), as it would in a resumed run:
+a node killed within a lease of the run's end leaves no live node to outwait its lease. Such tasks
+count as ``requeued:holder_killed``; a claim of any other holder (one that drained, or was SIGKILLed
+only after a time limit's grace) stays open and fails ``leaks`` and ``tasks``.
 - ``advantages``: every ledger row of a non-trainable trajectory (infrastructure faults included) is
   ``dropped`` with its status as the reason; none is ``trained``.
 - ``chaos``: the soak did what it claims: each role SIGKILLed at least once and the whole run stopped and
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 
 RELOAD_BOUND_S = 120.0  # a reload of the tiny model takes seconds; 120 s leaves room for a loaded 2-core host
 WAIT_BOUND_S = 60.0
+RECLAIM_MARGIN_S = 10.0  # past one lease: the reclaim's own polling (every 1 s here) and a loaded host
 KEPT_IN_SCRATCH = {"images"}  # the staged image cache outlives episodes by design (sandbox.image_cache_gb)
 Row = dict[str, Any]  # one ledger row: task_id, trajectory_id, step, outcome, reason
 
@@ -59,9 +67,11 @@ class Check:
 # --- the checks (pure) -----------------------------------------------------------------------------------
 
 
-def check_tasks(issued: dict[str, str], ledger: list[Row], unconsumed: set[str], spool_drops: dict[str, str]) -> Check:
+def check_tasks(issued: dict[str, str], ledger: list[Row], unconsumed: set[str], spool_drops: dict[str, str],
+                requeued: frozenset[str] = frozenset()) -> Check:
     """``issued``: task id -> where its task file is (ready, claimed, done); ``unconsumed``: task ids
-    with a group in a ready or claimed shard; ``spool_drops``: task id -> the spool's drop reason."""
+    with a group in a ready or claimed shard; ``spool_drops``: task id -> the spool's drop reason;
+    ``requeued``: task ids :func:`reclaim_killed_holders` returned to ready."""
     steps: dict[str, set[int]] = {}
     dropped: dict[str, str] = {}
     for e in ledger:
@@ -74,6 +84,7 @@ def check_tasks(issued: dict[str, str], ledger: list[Row], unconsumed: set[str],
     for tid, where in issued.items():
         fate = ("trained" if tid in steps else f"dropped:{dropped[tid]}" if tid in dropped else
                 "in_ready_shard" if tid in unconsumed else f"dropped:{spool_drops[tid]}" if tid in spool_drops else
+                "requeued:holder_killed" if where == "ready" and tid in requeued else
                 "queued" if where == "ready" else "lost")
         fates[fate] += 1
         if fate == "lost":
@@ -148,6 +159,32 @@ def check_chaos(kills: dict[str, dict[str, int]], resumes: int) -> Check:
 # --- gathering ---------------------------------------------------------------------------------------------
 
 
+def holder_pid(worker: str) -> int | None:
+    """The process id in a rollout worker's id (``<node>.<pid>.<hex>``, rollout_node.pipeline.node)."""
+    parts = worker.rsplit(".", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def reclaim_killed_holders(run: Path, killed_pids: set[int]) -> list[str]:
+    """Return the task claims of workers whose process the chaos SIGKILLed to ``ready/`` through the
+    spool's own lease reclaim (observed on this clock for at most one lease + RECLAIM_MARGIN_S, as a
+    resumed run's nodes would); the task ids so requeued. Other holders' claims are left as they are."""
+    from hpc.rundir import open_run
+    from hpc.spool import Spool
+
+    paths, config = open_run(run)
+    claimed = paths.spool / "tasks" / "claimed"
+    killed = {w.name for w in claimed.glob("*") if holder_pid(w.name) in killed_pids}
+    held = {f: str(json.loads(f.read_text())["task_id"]) for w in sorted(killed) for f in sorted((claimed / w).glob("*"))}
+    if held:
+        spool = Spool(run, config.spool)
+        deadline = time.monotonic() + config.spool.lease_s + RECLAIM_MARGIN_S
+        while any(f.exists() for f in held) and time.monotonic() < deadline:
+            spool.tasks.reclaim_expired(among=killed)
+            time.sleep(1.0)
+    return sorted(t for f, t in held.items() if not f.exists())
+
+
 def task_files(spool: Path) -> dict[str, str]:
     """task id -> where its task file is (``ready``, ``claimed``, ``done``)."""
     out: dict[str, str] = {}
@@ -215,15 +252,19 @@ def episode_dirs(scratch: Path) -> list[str]:
 
 
 def audit(h: Harness, client: ProcessClient, rundown: dict[str, Any]) -> list[Check]:
+    requeued = {str(run): reclaim_killed_holders(run, h.killed_pids) for run in (h.run.root, h.raas)}
     spool = h.run.root / "spool"
     rows = shard_rows(spool, ("committed", "ready", "claimed"))
     ledger = ledger_rows(h.run)
     unconsumed = {t.task_id for state, t in rows if state in ("ready", "claimed")}
-    return [check_tasks(task_files(spool), ledger, unconsumed, spool_drops(spool)),
+    leaks = check_leaks(find_leaks(h), h.zombies.worst)
+    leaks.detail["requeued_from_killed_holders"] = {Path(k).name: v for k, v in requeued.items() if v}
+    return [check_tasks(task_files(spool), ledger, unconsumed, spool_drops(spool),
+                        frozenset(requeued[str(h.run.root)])),
             check_calls(client.outcomes),
             check_reloads(h.reloads.done, h.metrics.of("reload"), len(h.metrics.of("reload_failed"))),
             check_wait(h.waits.longest, len(h.metrics.of("train_step"))),
             check_run_down(rundown["trainer_exit"], rundown["after_trainer_s"]),
-            check_leaks(find_leaks(h), h.zombies.worst),
+            leaks,
             check_advantages(ledger, {t.trajectory_id: t.status for _, t in rows}),
             check_chaos(h.kills_by_role(), h.resumes)]

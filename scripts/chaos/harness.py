@@ -56,6 +56,7 @@ class Harness:
         self.run = RunPaths(out / "run")
         self.raas = out / "raas"
         self.kills: Counter[tuple[str, str]] = Counter()
+        self.killed_pids: set[int] = set()  # the processes the chaos SIGKILLed (a role's, or an engine's)
         self.events: list[dict[str, Any]] = []
         self.roles: dict[str, Role] = {}
         self.fault_plan: list[str] = []
@@ -77,7 +78,10 @@ class Harness:
         print(json.dumps({"soak": "event", **rec}, default=str), flush=True)
 
     def count_kill(self, role: str, phase: str, **fields: Any) -> None:
+        """Count a SIGKILL the chaos dealt; ``pid`` (when given) is the process it killed."""
         self.kills[(role, phase)] += 1
+        if isinstance(fields.get("pid"), int):
+            self.killed_pids.add(fields["pid"])
         self.event("kill", role=role, phase=phase, **fields)
 
     def unkilled(self) -> list[str]:
@@ -118,7 +122,7 @@ class Harness:
         if role.killed:
             pass  # counted when the soak killed it
         elif name == "trainer" and role.proc.returncode == -signal.SIGKILL and point:
-            self.count_kill("trainer", point, how="fault point")
+            self.count_kill("trainer", point, how="fault point", pid=role.proc.pid)
         else:
             self.event("exited", role=name, code=role.proc.returncode)
         self.start_role(name)

@@ -74,9 +74,10 @@ class Chaos:
             return
         phase = self.wait_phase(target) if in_phase else "any"
         role = self.h.roles[target]
-        if role.alive():
+        pid = role.pid()
+        if pid is not None:
             role.signal_group(signal.SIGKILL)
-            self.h.count_kill(target, phase)
+            self.h.count_kill(target, phase, pid=pid)
 
     def wait_phase(self, target: str) -> str:
         limit = self.limit(PHASE_WAIT_S)

@@ -55,6 +55,36 @@ def test_tasks_duplicated_or_lost_fails(ledger: list[dict[str, Any]], issued: di
     assert not check.ok and check.detail[key], check.detail
 
 
+def test_a_task_requeued_from_a_killed_holder_is_accounted_for() -> None:
+    issued = {"t1": "done", "t2": "done", "t3": "done", "t6": "ready"}
+    check = audit.check_tasks(issued, CLEAN_LEDGER, set(), {}, requeued=frozenset({"t6"}))
+    assert check.ok and check.detail["fates"]["requeued:holder_killed"] == 1, check.detail
+    held = audit.check_tasks({**issued, "t6": "claimed"}, CLEAN_LEDGER, set(), {}, requeued=frozenset({"t6"}))
+    assert not held.ok and held.detail["lost"] == ["t6 (claimed)"]  # still claimed: not requeued, lost
+
+
+def test_only_the_claims_of_killed_holders_are_reclaimed_and_only_by_the_lease(tmp_path: Path) -> None:
+    """The audit's reclaim (the spool's own, one lease of observation) returns the tasks of a worker whose
+    pid the chaos killed; a worker that was not killed (a drain that failed to release) keeps its claim."""
+    from hpc.config import load_config
+    from hpc.rundir import create_run
+    from hpc.spool import Spool
+
+    cfg = load_config(None, ["trainer.precision=fp32", "slurm.train.gpus_per_node=0", "model.path=/nonexistent",
+                             "spool.lease_s=1", "spool.heartbeat_interval_s=0.2"])
+    paths = create_run(tmp_path / "run", cfg)
+    spool = Spool(paths.root, cfg.spool)
+    spool.put_tasks([{"task_id": t} for t in ("a", "b", "c")])
+    killed, drained = spool.claim_task("n1.4242.ab12"), spool.claim_task("n1.5151.cd34")
+    assert killed is not None and drained is not None
+    assert audit.holder_pid("n1.4242.ab12") == 4242 and audit.holder_pid("raas0") is None
+    t0 = now()
+    assert audit.reclaim_killed_holders(paths.root, {4242}) == [killed.task_id]
+    assert now() - t0 >= 1.0  # a full lease observed first: never early
+    assert drained.path.exists() and spool.stats()["tasks_claimed"] == 1
+    assert audit.reclaim_killed_holders(paths.root, set()) == []  # nobody killed: nothing moves, no wait
+
+
 def test_tasks_nothing_trained_fails() -> None:
     assert not audit.check_tasks({"t4": "ready"}, [], set(), {}).ok
 
