@@ -83,7 +83,8 @@ def lookup_specs(source: str) -> tuple[Spec, ...]:
         raise KeyError(f"not a builtin-lookup set: {source!r} (one of {', '.join(SETS)})")
     specs = []
     for i, (name, value) in enumerate(settings()[start:start + SETS[source][1]], start=start + 1):
-        specs.append(Spec(REPO, i, STATEMENT.format(name=name, path=setting_path(name)), ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
+        statement = STATEMENT.format(name=name, path=setting_path(name))
+        specs.append(Spec(REPO, i, statement, ((CONFIG, f'"{PLACEHOLDER}"', f'"{value}"'),),
                           ((TEST_FILE, "", _test_source(name, value)),), (f"{TEST_FILE}::test_value_is_{name}",),
                           p2p_files=("tests/test_config.py",)))
     return tuple(specs)
