@@ -14,7 +14,8 @@ The checks (each names its bound in its detail):
   ``RELOAD_BOUND_S``; none still open at the end.
 - ``trainer_wait``: no stretch longer than ``WAIT_BOUND_S`` in which a started trainer was alive, a
   shard sat in ``spool/shards/ready`` and no step landed.
-- ``run_down``: the trainer ended with 0 and every other role exited within ``RUNDOWN_BOUND_S`` of it.
+- ``run_down``: the trainer ended with 0 and every other role exited within ``RUNDOWN_BOUND_S`` of it;
+  at the whole-run stop every role exited on SIGTERM within the grace (none needed the SIGKILL).
 - ``leaks``: no process naming the soak's directories, no zombie among the roles' descendants for
   ``ZOMBIE_BOUND_S``, no mount under them, no ``spoolrl-sbx`` pids cgroup of a role's process, no
   episode directory left in scratch, no open task or shard claim in either run's spool.
@@ -138,10 +139,14 @@ def check_wait(longest_s: float, steps: int) -> Check:
                  {"bound_s": WAIT_BOUND_S, "longest_s": round(longest_s, 1), "steps": steps})
 
 
-def check_run_down(trainer_exit: int | None, after_trainer_s: dict[str, float]) -> Check:
+def check_run_down(trainer_exit: int | None, after_trainer_s: dict[str, float],
+                   killed_after_grace: list[str] | None = None) -> Check:
+    """``killed_after_grace``: the roles the whole-run stop had to SIGKILL after its grace."""
     late = {k: v for k, v in after_trainer_s.items() if v > RUNDOWN_BOUND_S}
-    return Check("run_down", not late and trainer_exit == 0,
-                 {"bound_s": RUNDOWN_BOUND_S, "trainer_exit": trainer_exit, "after_trainer_s": after_trainer_s})
+    hung = killed_after_grace or []
+    return Check("run_down", not late and not hung and trainer_exit == 0,
+                 {"bound_s": RUNDOWN_BOUND_S, "trainer_exit": trainer_exit, "after_trainer_s": after_trainer_s,
+                  "killed_after_stop_grace": hung})
 
 
 def check_leaks(found: dict[str, list[str]], zombie_longest_s: float) -> Check:
@@ -264,7 +269,7 @@ def audit(h: Harness, client: ProcessClient, rundown: dict[str, Any]) -> list[Ch
             check_calls(client.outcomes),
             check_reloads(h.reloads.done, h.metrics.of("reload"), len(h.metrics.of("reload_failed"))),
             check_wait(h.waits.longest, len(h.metrics.of("train_step"))),
-            check_run_down(rundown["trainer_exit"], rundown["after_trainer_s"]),
+            check_run_down(rundown["trainer_exit"], rundown["after_trainer_s"], h.killed_after_grace),
             leaks,
             check_advantages(ledger, {t.trajectory_id: t.status for _, t in rows}),
             check_chaos(h.kills_by_role(), h.resumes)]

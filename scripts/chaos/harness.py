@@ -57,6 +57,7 @@ class Harness:
         self.raas = out / "raas"
         self.kills: Counter[tuple[str, str]] = Counter()
         self.killed_pids: set[int] = set()  # the processes the chaos SIGKILLed (a role's, or an engine's)
+        self.killed_after_grace: list[str] = []  # roles the whole-run stop SIGKILLed: SIGTERM did not end them
         self.events: list[dict[str, Any]] = []
         self.roles: dict[str, Role] = {}
         self.fault_plan: list[str] = []
@@ -172,6 +173,7 @@ class Harness:
             self.observe()
             time.sleep(0.5)
         late = [name for name, r in self.roles.items() if r.alive()]
+        self.killed_after_grace += late
         for name in late:
             self.roles[name].signal_group(signal.SIGKILL)
         for role in self.roles.values():

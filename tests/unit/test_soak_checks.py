@@ -3,7 +3,7 @@
 The 3-minute soak (tests/e2e/test_soak.py) shows they pass on a real run; here each check is fed
 what a broken run would leave (a task trained twice, a task lost, a ``/process`` call answered twice
 or never, a connection dropped by a server that lived on, a reload past its bound, a long trainer wait,
-a role outliving the trainer, a leaked sandbox process, an infrastructure failure in the loss, a role
+a role outliving the trainer or needing the SIGKILL after the whole-run stop's grace, a leaked sandbox process, an infrastructure failure in the loss, a role
 never killed, no whole-run resume) and must fail, next to a clean case that passes. The kill and restart
 logic runs on a harness whose roles are ``sleep`` processes.
 """
@@ -119,6 +119,7 @@ def test_trainer_wait_and_run_down_bounds() -> None:
     assert audit.check_run_down(0, {"infer": 1.0, "rollout": 0.0}).ok
     assert not audit.check_run_down(0, {"infer": 1.0, "rollout": audit.RUNDOWN_BOUND_S + 5}).ok
     assert not audit.check_run_down(1, {"infer": 1.0}).ok  # the trainer itself failed
+    assert not audit.check_run_down(0, {"infer": 1.0}, ["raas"]).ok  # SIGKILLed after the stop's grace
 
 
 @pytest.mark.parametrize("kind", ["processes", "zombies_now", "mounts", "cgroups", "scratch_left", "open_claims"])
