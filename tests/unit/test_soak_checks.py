@@ -3,9 +3,10 @@
 The 3-minute soak (tests/e2e/test_soak.py) shows they pass on a real run; here each check is fed
 what a broken run would leave (a task trained twice, a task lost, a ``/process`` call answered twice
 or never, a connection dropped by a server that lived on, a reload past its bound, a long trainer wait,
-a role outliving the trainer or needing the SIGKILL after the whole-run stop's grace, a leaked sandbox process, an infrastructure failure in the loss, a role
-never killed, no whole-run resume) and must fail, next to a clean case that passes. The kill and restart
-logic runs on a harness whose roles are ``sleep`` processes.
+a role outliving the trainer or needing the SIGKILL after the whole-run stop's grace, a leaked sandbox
+process, an infrastructure failure in the loss, a role never killed, no whole-run resume) and must fail,
+next to a clean case that passes. The kill and restart logic runs on a harness whose roles are ``sleep``
+processes.
 """
 
 from __future__ import annotations
