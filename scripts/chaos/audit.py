@@ -6,8 +6,8 @@ The checks (each names its bound in its detail):
 
 - ``tasks``: every task id the trainer issued is trained exactly once (one step in the lineage's
   ledgers) or accounted for with a reason: dropped in the ledger or by the spool, its group still in
-  a ready shard, or the task still queued; none finished and found nowhere, none trained twice, no
-  ledger row twice.
+  a ready shard, the task still queued, or requeued from a killed holder (below); none finished and
+  found nowhere, none left claimed, none trained twice, no ledger row twice.
 - ``process_calls``: every ``/process`` call ended exactly once, with a result or a named failure;
   none hung.
 - ``reloads``: every weight reload ended (finished, failed, or ended by its server's death) within
@@ -19,16 +19,16 @@ The checks (each names its bound in its detail):
 - ``leaks``: no process naming the soak's directories, no zombie among the roles' descendants for
   ``ZOMBIE_BOUND_S``, no mount under them, no ``spoolrl-sbx`` pids cgroup of a role's process, no
   episode directory left in scratch, no open task or shard claim in either run's spool.
+- ``advantages``: every ledger row of a non-trainable trajectory (infrastructure faults included) is
+  ``dropped`` with its status as the reason; none is ``trained``.
+- ``chaos``: the soak did what it claims: each role SIGKILLed at least once and the whole run stopped and
+  resumed exactly once.
 
 Before the checks, a task claim still held by a process the chaos SIGKILLed goes back to ``ready/``
 through the spool's own lease reclaim (:func:`reclaim_killed_holders`), as it would in a resumed run:
 a node killed within a lease of the run's end leaves no live node to outwait its lease. Such tasks
 count as ``requeued:holder_killed``; a claim of any other holder (one that drained, or was SIGKILLed
 only after a time limit's grace) stays open and fails ``leaks`` and ``tasks``.
-- ``advantages``: every ledger row of a non-trainable trajectory (infrastructure faults included) is
-  ``dropped`` with its status as the reason; none is ``trained``.
-- ``chaos``: the soak did what it claims: each role SIGKILLed at least once and the whole run stopped and
-  resumed exactly once.
 """
 
 from __future__ import annotations
