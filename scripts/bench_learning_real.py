@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     check_learnable(before["pass_rate"])
     measure_run = out / "measure"
     measure_wall = run_demo(measure_run, 1, train_overrides(model, args, 1))
-    measured = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}
+    measured: dict[str, Any] = {"phase": "measure", **step_figures(measure_run), "demo_wall_s": round(measure_wall, 1)}
     print(json.dumps(measured), flush=True)
     if args.measure_only:
         return 0

@@ -80,7 +80,11 @@ def head_at_loss_positions(args: argparse.Namespace) -> None:
         lp = fp32_head_logprobs(model, ids, pos, targets, inv_t, HEAD_CHUNK_TOKENS, mask if masked else None)
         assert lp is not None, "the model does not split into a decoder and a linear head"
         (lp * mask).sum().backward()
-        return time.perf_counter() - t0, lp.detach(), [p.grad.clone() for p in params]
+        grads = []
+        for p in params:
+            assert p.grad is not None, "a trainable parameter got no gradient"
+            grads.append(p.grad.clone())
+        return time.perf_counter() - t0, lp.detach(), grads
 
     seconds: dict[bool, list[float]] = {False: [], True: []}
     last: dict[bool, tuple[torch.Tensor, list[torch.Tensor]]] = {}

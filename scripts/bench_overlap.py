@@ -74,7 +74,7 @@ from hpc.metrics import read_metrics  # noqa: E402
 from hpc.overlap import busy_share, trainer_idle  # noqa: E402
 from hpc.records import read_policy_latest  # noqa: E402
 from hpc.rundir import create_run  # noqa: E402
-from hpc.spool import Spool  # noqa: E402
+from hpc.spool import ConsumerSpool, Spool  # noqa: E402
 from hpc.trajectory import Status  # noqa: E402
 from rollout_node.pipeline.node import NodeOptions, RolloutNode  # noqa: E402
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput  # noqa: E402
@@ -244,7 +244,7 @@ class IssueClock:
     """The trainer's spool as the feeder sees it, noting when each task was put (the bench's idle decomposition);
     every other call goes to the real spool unchanged."""
 
-    def __init__(self, spool: Spool) -> None:
+    def __init__(self, spool: ConsumerSpool) -> None:
         self.spool = spool
         self.issued: dict[str, float] = {}
 
@@ -370,8 +370,10 @@ def run_cell(shape: Shape, ratio: float, max_staleness: int) -> dict[str, Any]:
                                trained_tasks=trained, latest=read_policy_latest(paths))
         steps = sorted(read_metrics(paths.root, "train_step"), key=lambda r: int(r["step"]))
         episodes = list(read_metrics(paths.root, "episode"))
+        engine = trainer.engine
+        assert isinstance(engine, SleepEngine), "StandInTrainer builds a SleepEngine"
         figures["idle_causes"], figures["loop_s"] = idle_decomposition(
-            trainer.engine.spans, trainer.wait_clock.waits, steps, episodes, trainer.issue_clock.issued, shape.warm_steps)
+            engine.spans, trainer.wait_clock.waits, steps, episodes, trainer.issue_clock.issued, shape.warm_steps)
         return figures
 
 

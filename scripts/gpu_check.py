@@ -137,6 +137,7 @@ def export_check(engine: Engine, paths: RunPaths, model_dir: Path, dtype: torch.
 
     t0 = time.perf_counter()
     sd = engine.full_state_dict()
+    assert sd is not None, "a single process is rank 0: it holds the full state dict"
     copy_s = time.perf_counter() - t0
     pub = Publisher(paths, AutoConfig.from_pretrained(str(model_dir)), None, keep=2, background=False)
     stats = pub.publish(sd, copy_s=copy_s)

@@ -41,6 +41,7 @@ idle (no episode in RUN), waste, fraction of min(rollout capacity, trainer capac
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import random
@@ -263,7 +264,7 @@ class Sim:
         self.shard_no[node] += 1
         poll = min(0.2, self.s.poll_interval_s)
         for group in groups:
-            self.at(self.now + self.rng.uniform(0, poll), lambda g=group: self.arrive(g))
+            self.at(self.now + self.rng.uniform(0, poll), functools.partial(self.arrive, group))
 
     # -------------------------------------------------------------- consumer and trainer
     def arrive(self, group: _Group) -> None:
@@ -301,7 +302,7 @@ class Sim:
         self.wait_epoch += 1
         epoch, poll = self.wait_epoch, max(NODE_TICK_S, self.s.poll_interval_s)
         for node in range(self.s.nodes):
-            self.at(self.now + self.rng.uniform(0, poll), lambda n=node: self.node_sees(n, on, epoch))
+            self.at(self.now + self.rng.uniform(0, poll), functools.partial(self.node_sees, node, on, epoch))
 
     def node_sees(self, node: int, on: bool, epoch: int) -> None:
         """A node's control poll reads the marker: it seals its open shard when the trainer waits."""

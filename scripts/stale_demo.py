@@ -78,7 +78,10 @@ def role(argv: list[str], *, lag: int, is_weight: bool) -> int:
         from train_node.infer import node
         from train_node.infer.weights import RunDirPolicySource
 
-        node.RunDirPolicySource = lambda run_dir: LaggedSource(RunDirPolicySource(run_dir), lag)  # type: ignore[misc,assignment]
+        def lagged(run_dir: str | Path) -> LaggedSource:
+            return LaggedSource(RunDirPolicySource(run_dir), lag)
+
+        node.RunDirPolicySource = lagged  # type: ignore[misc,assignment]  # a patch: node only calls .latest()
     if verb == "rollout-node" and lag:
         from rollout_node.pipeline.staleness import StalenessGuard
 

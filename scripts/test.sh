@@ -41,7 +41,7 @@ fi
 step "ruff"
 "$venv/bin/ruff" check hpc rollout_node train_node scripts tests
 step "mypy"
-"$venv/bin/mypy" hpc rollout_node train_node
+"$venv/bin/mypy" hpc rollout_node train_node tests scripts
 if [ -n "$vllm_pid" ]; then
   step "waiting for scripts/setup_vllm_cpu.sh"
   vllm_rc=0; wait "$vllm_pid" || vllm_rc=$?

@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import openai
 import pytest
 from gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionMessageToolCallUnion
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.template import ChatTemplate
@@ -34,21 +36,27 @@ def _conversation(task: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
 
 
+def _streamed_call(tc: ChoiceDeltaToolCall) -> dict[str, Any]:
+    """A streamed tool call as the harness sends it back."""
+    assert tc.function is not None, "a streamed tool call without its function"
+    return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+
+
 def _turns(api: openai.OpenAI, messages: list[dict[str, Any]], n: int, *, stream: bool = False) -> list[Any]:
     """``n`` calls of a harness that resends its history unchanged, answering each tool call."""
-    answers = []
+    answers: list[Any] = []
+    history = cast(list[ChatCompletionMessageParam], messages)  # JSON-shaped dicts, the same list
     for i in range(n):
+        calls: list[ChoiceDeltaToolCall] | list[ChatCompletionMessageToolCallUnion]
         if stream:
-            chunks = list(api.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
+            chunks = list(api.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=True,
                                                       stream_options={"include_usage": True}))
             answers.append(chunks)
             calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            messages.append({"role": "assistant", "content": content, "tool_calls": [
-                {"id": tc.id, "type": "function", "function": {"name": tc.function.name,
-                                                               "arguments": tc.function.arguments}} for tc in calls]})
+            messages.append({"role": "assistant", "content": content, "tool_calls": [_streamed_call(tc) for tc in calls]})
         else:
-            answer = api.chat.completions.create(model="m", messages=messages, tools=TOOLS, temperature=0.7,
+            answer = api.chat.completions.create(model="m", messages=history, tools=TOOLS, temperature=0.7,
                                                  max_completion_tokens=200)
             answers.append(answer)
             messages.append(as_history(answer.choices[0].message))
@@ -206,7 +214,8 @@ def test_unreproducible_sampling_is_a_clear_400(gateway: Gateway, client: Infere
     session = _open(gateway, client, template, f"bad-{param}")
     with pytest.raises(openai.BadRequestError) as err:
         sdk(session).chat.completions.create(model="m", messages=_conversation("x"), **kwargs)
-    assert err.value.body["param"] == param and param in err.value.body["message"]
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == param and param in body["message"]
     trace = session.close()
     assert trace.calls == 0 and not trace.segments and len(backend.records()) == before
     assert trace.refused is not None and trace.refused.startswith(f"HTTP 400 on {param}: ")  # the episode's reason

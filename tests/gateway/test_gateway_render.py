@@ -155,7 +155,7 @@ def test_repeated_answers_render_with_their_own_ids_in_order(template: ChatTempl
     call = [{"id": "renumbered", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]
     key = assistant_key("Again.", [("x", "bash", {"command": "ls"})])
     first, second = (11, 12, template.im_end), (13, template.im_end)
-    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Again.", "tool_calls": call},
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Again.", "tool_calls": call},
                 {"role": "tool", "content": "a"}, {"role": "assistant", "content": " Again. ", "tool_calls": call},
                 {"role": "tool", "content": "b"}, {"role": "assistant", "content": "Again.", "tool_calls": call}]
     ids = Renderer(template).prompt(messages, (), {key: [first, second]})

@@ -11,19 +11,20 @@ unreproducible sampling are a 400 naming the field; an ended session's key gets 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import openai
 import pytest
 from gw_helpers import TOOLS, RecordingBackend, assert_exact, sdk
+from openai.types.responses import FunctionToolParam, Response, ResponseInputParam
 
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, GatewaySession
 
 SAMPLING = GatewaySampling(temperature=0.7, max_new_tokens=64, max_tokens=4096)
-FLAT_TOOLS = [{"type": "function", "name": "bash", "description": "run a command", "strict": False,
+FLAT_TOOLS: list[FunctionToolParam] = [{"type": "function", "name": "bash", "description": "run a command", "strict": False,
                "parameters": TOOLS[0]["function"]["parameters"]}]
 TEXT_REPLY = "Nothing to change.<|im_end|>"
 CALL_REPLY = 'Listing.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
@@ -91,13 +92,15 @@ def test_text_answer_streamed_in_the_sdks_event_order(gateway: Gateway, client: 
 def _round_trip(api: openai.OpenAI, items: list[dict[str, Any]], turns: int, *, stream: bool) -> list[Any]:
     """A harness that resends its items unchanged: each answer's output items, then one
     ``function_call_output`` per call."""
-    answers = []
+    answers: list[Any] = []
+    sent = cast(ResponseInputParam, items)  # JSON-shaped dicts, the same list
     for i in range(turns):
+        answer: Response
         if stream:
-            with api.responses.stream(model="m", input=items, tools=FLAT_TOOLS, store=False) as events:
+            with api.responses.stream(model="m", input=sent, tools=FLAT_TOOLS, store=False) as events:
                 answer = events.get_final_response()
         else:
-            answer = api.responses.create(model="m", input=items, tools=FLAT_TOOLS, store=False)
+            answer = api.responses.create(model="m", input=sent, tools=FLAT_TOOLS, store=False)
         answers.append(answer)
         items += [o.model_dump(exclude_none=True) for o in answer.output]
         items += [{"type": "function_call_output", "call_id": o.call_id, "output": f"out {i}\ncalc.py"}
@@ -161,7 +164,8 @@ def test_what_the_gateway_cannot_serve_is_a_400_naming_the_field(
     session = _open(gateway, client, template, f"responses-bad-{param}")
     with pytest.raises(openai.BadRequestError) as err:
         sdk(session).responses.create(model="m", **kwargs)
-    assert err.value.body["param"] == param and param in err.value.body["message"]
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == param and param in body["message"]
     trace = session.close()
     assert trace.calls == 0 and not trace.segments and len(backend.records()) == before
     assert trace.refused is not None and trace.refused.startswith(f"HTTP 400 on {param}: ")

@@ -94,7 +94,7 @@ def assert_token_exact(t: Trajectory, backend: ScriptedBackend, calls: slice) ->
     call of the segment is a prefix with its completion trained (mask 1) and nothing else."""
     prompts, completions = backend.prompts[calls], backend.completions[calls]
     assert list(t.token_ids) == [*prompts[-1], *completions[-1]]
-    trained = set()
+    trained: set[int] = set()
     for prompt, completion in zip(prompts, completions, strict=True):
         assert list(t.token_ids[: len(prompt) + len(completion)]) == [*prompt, *completion]
         trained.update(range(len(prompt), len(prompt) + len(completion)))

@@ -34,6 +34,7 @@ def scripted_llm(tokenizer: Tokenizer) -> RecordingLLM:
     """Call ``i`` gets ``REPLIES[i]`` + ``<|im_end|>`` (the last one from then on); logprob -0.3 - 0.001 * j
     for token j."""
     end = tokenizer.token_to_id("<|im_end|>")
+    assert end is not None, "the tokenizer has no <|im_end|>"
     replies = [[*tokenizer.encode(r, add_special_tokens=False).ids, end] for r in REPLIES]
     return RecordingLLM(lambda _prompt, call: replies[min(call, len(replies) - 1)], logprob0=-0.3, max_model_len=8192)
 

@@ -70,7 +70,9 @@ def first_train_step(tmp: Path, name: str, sample: Callable[[str, Path], list[li
     them; that step's ``train_step`` metrics (``ratio_dev`` = |pi/mu - 1|)."""
     from trainer.helpers import run_config, single_process_env, write_groups
 
+    from hpc.config import RunConfig
     from hpc.metrics import read_metrics
+    from hpc.paths import RunPaths
     from hpc.rundir import create_run
     from train_node.infer.servers import CpuServer, ServerSpec
     from train_node.infer.tiny import build_tiny_model
@@ -78,11 +80,14 @@ def first_train_step(tmp: Path, name: str, sample: Callable[[str, Path], list[li
 
     cfg = run_config(trainer={"total_steps": 1, "checkpoint_every": 5, "lr": 1e-3},
                      algorithm={"group_size": 2, "groups_per_step": 4, "max_staleness": 0})
-    paths = create_run(tmp / name, cfg, prepare=lambda p, _c: build_tiny_model(p.model, seed=0))
+    def prepare(p: RunPaths, _c: RunConfig) -> None:
+        build_tiny_model(p.model, seed=0)
+
+    paths = create_run(tmp / name, cfg, prepare=prepare)
     (tmp / f"{name}.secret").write_text(SECRET + "\n")
     spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
                       secret_file=tmp / f"{name}.secret", log_path=tmp / f"{name}.log", threads=1, max_batch=8,
-                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=[])
+                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=())
     server = CpuServer(spec)
     server.start(paths.model, 0)
     try:

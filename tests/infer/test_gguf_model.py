@@ -70,7 +70,7 @@ def test_token_in_token_out_on_the_real_tokenizer(smol_dir: Path, tmp_path: Path
     (tmp_path / "secret").write_text(SECRET + "\n")
     spec = ServerSpec(index=0, bind_host="127.0.0.1", advertise_host="127.0.0.1", port=0,
                       secret_file=tmp_path / "secret", log_path=tmp_path / "server.log", threads=1, max_batch=4,
-                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=[])
+                      vllm_python="", cpu_kvcache_gb=1, dtype="float32", gpus=())
     server = CpuServer(spec)
     server.start(smol_dir, 7)
     template = ChatTemplate.from_model_dir(smol_dir)

@@ -38,8 +38,8 @@ def make_run(tmp_path: Path, *overrides: str) -> tuple[RunPaths, Any]:
 def node(paths: RunPaths, cfg: Any, ops: FakeOps, tmp_path: Path, **kw: Any) -> RolloutNode:
     opts = NodeOptions(node_id="n0", workers=Workers(init=1, run=3, eval=1), scratch=tmp_path / "scratch",
                        once=kw.pop("once", True), max_episodes=kw.pop("max_episodes", None))
-    return RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), ops, ScriptedPolicy(cfg.rollout.scripted_plan),
-                       opts, **kw)
+    return RolloutNode(paths, cfg, Spool(paths.root, cfg.spool), ops,  # type: ignore[arg-type]  # FakeOps: a partial stand-in
+                       ScriptedPolicy(cfg.rollout.scripted_plan), opts, **kw)
 
 
 def tasks(n: int, **extra: Any) -> list[dict[str, Any]]:
@@ -73,7 +73,7 @@ def test_fault_rows_retry_then_final_status(tmp_path: Path) -> None:
     paths, cfg = make_run(tmp_path, f"rollout.scripted_plan={plan}", "algorithm.group_size=1", "algorithm.drop_zero_variance=false",
                           "sandbox.command_timeout_s=1")
     names = ["crash", "crash_once", "infer", "hang", "harness", "harness_once", "initfail", "badimage", "bad"]
-    specs = [{"task_id": n} for n in names[:-2]] + [{"task_id": "badimage", "image": "missing-image"},
+    specs: list[dict[str, Any]] = [{"task_id": n} for n in names[:-2]] + [{"task_id": "badimage", "image": "missing-image"},
                                                     {"task_id": "bad", "broken": True}]
     Spool(paths.root, cfg.spool).put_tasks(specs)
     ops = FakeOps(fail_prepare={"initfail"}, harness_errors={"harness": 5, "harness_once": 1})
@@ -287,7 +287,7 @@ def test_an_early_seal_that_fails_keeps_the_group_pending_and_its_task_open(tmp_
     sink = GroupSink(spool, "w0", seal_now=lambda: True)
     publish = sink.writer._publish
 
-    def disk_full(*args: Any) -> None:
+    def disk_full(*args: Any, **kwargs: Any) -> None:
         raise SpoolError("disk full (test)")
 
     sink.writer._publish = disk_full  # type: ignore[method-assign]

@@ -99,7 +99,7 @@ def test_sigterm_drains_and_releases_in_flight_tasks(tmp_path: Path) -> None:
     assert ps.stdout.strip() == "", "no sandbox process outlives the drained node"
 
 
-def _signal_during_eval(tmp_path: Path, sig: signal.Signals) -> tuple[list[tuple[Status, float]], dict]:
+def _signal_during_eval(tmp_path: Path, sig: signal.Signals) -> tuple[list[tuple[Status, float | None]], dict[str, int]]:
     """A node running gold patches gets ``sig`` deepest first (0.02 s apart: an EVAL's test runner
     hears it before the node) while an EVAL runs; returns what was written, and the spool's stats."""
     paths, cfg, ids = make_run(tmp_path, 2, "rollout.scripted_plan=gold")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from sbx_helpers import HERE, json_lines, need_runtime
@@ -60,7 +61,7 @@ def test_the_python_fallback_resets_ignored_signals_too() -> None:
 
 
 @pytest.mark.parametrize("runtime", ["bwrap", pytest.param("apptainer", marks=pytest.mark.apptainer)])
-def test_sandbox_processes_ignore_the_time_limit_warning(tmp_path: Path, runtime: str) -> None:
+def test_sandbox_processes_ignore_the_time_limit_warning(tmp_path: Path, runtime: Literal["bwrap", "apptainer"]) -> None:
     """Slurm sends the warning (SIGUSR1) to every process of the step, the sandboxes first: the
     shell, its commands and an exec (the EVAL) survive it; the node alone acts on it. (apptainer's
     starter resets signal dispositions: the boot script ignores it again.)"""

@@ -98,7 +98,8 @@ def test_200_simultaneous_process_calls_token_exact(tmp_path: Path, model: Path)
     paths = create_run(tmp_path / "run", cfg)
     record = tmp_path / "record.jsonl"
     standin, backend = start_standin(model, tmp_path, "--latency-s", "0.05", "--record", str(record))
-    nodes = [ServiceNode(paths, cfg, Spool(paths.root, cfg.spool), NullOps(), make_service_policy(paths, cfg),
+    nodes = [ServiceNode(paths, cfg, Spool(paths.root, cfg.spool), NullOps(),  # type: ignore[arg-type]  # NullOps: a partial stand-in
+                         make_service_policy(paths, cfg),
                          NodeOptions(node_id=f"n{i}", workers=Workers(4, 32, 4), scratch=tmp_path / f"node{i}"))
              for i in range(2)]
     threads = [threading.Thread(target=n.run, daemon=True) for n in nodes]

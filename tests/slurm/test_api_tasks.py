@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 from slurm_helpers import SHARED, wait_for
 
+if tp.TYPE_CHECKING:
+    from rollout_node.tasks.instance import TaskInstance
+
 pytestmark = [pytest.mark.slurm, pytest.mark.sandbox, pytest.mark.timeout(300)]
 
 TIMINGS = ("gold_s", "empty_s")
@@ -102,15 +105,23 @@ def test_slurm_array_matches_local_and_retries_a_killed_chunk(slurm: None, tmp_p
     assert took_s < 240
 
 
+def _tasks(n: int) -> list[TaskInstance]:
+    """``n`` distinct instances (split_chunks looks only at their order)."""
+    from rollout_node.tasks.instance import TaskInstance
+
+    return [TaskInstance(instance_id=f"t{i}", repo="r", base_commit="c", patch="", test_patch="", FAIL_TO_PASS=(),
+                         PASS_TO_PASS=()) for i in range(n)]
+
+
 def test_chunks_are_contiguous_nearly_equal_and_named() -> None:
     from hpc.cli.tasks_slurm import split_chunks
     from hpc.errors import UsageError
 
-    tasks = list(range(10))
-    chunks = split_chunks(tasks, 4)  # type: ignore[arg-type]
+    tasks = _tasks(10)
+    chunks = split_chunks(tasks, 4)
     assert [c.name for c in chunks] == ["chunk-0", "chunk-1", "chunk-2", "chunk-3"]
     assert {len(c.tasks) for c in chunks} == {2, 3} and [t for c in chunks for t in c.tasks] == tasks
     assert [c.name for c in split_chunks(tasks, 12)][-1] == "chunk-9"  # never more chunks than instances
-    assert split_chunks(list(range(20)), 11)[10].name == "chunk-10" and split_chunks(tasks, 11)[0].name == "chunk-0"
+    assert split_chunks(_tasks(20), 11)[10].name == "chunk-10" and split_chunks(tasks, 11)[0].name == "chunk-0"
     with pytest.raises(UsageError, match="--chunks"):
         split_chunks(tasks, 0)

@@ -164,6 +164,10 @@ def test_a_planted_key_file_is_replaced(env: dict[str, Path]) -> None:
 
     forged = HOSTILE["steal_key"][0].replace("except OSError:\n    _k = b'guess'", "except OSError:\n"
                                             "    _k = b'known-key'")
-    diff = hostile_diff(env, task, "plant", lambda w: (plant(w), _append("textkit/core.py", forged)(w)))
+    def plant_and_forge(work: Path) -> None:
+        plant(work)
+        _append("textkit/core.py", forged)(work)
+
+    diff = hostile_diff(env, task, "plant", plant_and_forge)
     result = score(env, task, diff)
     assert result.reward == 0.0 and any(f.startswith("results: ") for f in result.flags), result.flags

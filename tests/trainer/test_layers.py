@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -13,8 +14,11 @@ from train_node.trainer.layers import train_top_layers
 
 from .helpers import tiny_model
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _model(tmp_path: Path) -> torch.nn.Module:
+
+def _model(tmp_path: Path) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     tiny_model(tmp_path / "m")

@@ -101,6 +101,7 @@ def test_forward_kl_is_exact_and_is_the_expected_k3_gradient_without_its_varianc
     assert float(kl) == pytest.approx(float((0.25 * (math.log(0.25) - torch.log(p))).sum()))
     assert float(forward_kl(ref, ref, inv_t)) == pytest.approx(0.0, abs=1e-12)
     kl.sum().backward()
+    assert logits.grad is not None
     exact = logits.grad[0]
     assert exact.tolist() == pytest.approx(((p - 0.25) * inv_t)[0].tolist())
 
@@ -108,10 +109,12 @@ def test_forward_kl_is_exact_and_is_the_expected_k3_gradient_without_its_varianc
         z = logits.detach().clone().requires_grad_(True)
         target = torch.tensor([token])
         k3(token_logprobs(z, target, inv_t), token_logprobs(ref, target, inv_t)).sum().backward()
+        assert z.grad is not None
         return z.grad[0]
 
     per_sample = [k3_grad(x) for x in range(4)]
     expected = sum(float(p[0, x]) * g for x, g in enumerate(per_sample))
+    assert isinstance(expected, torch.Tensor)
     assert expected.tolist() == pytest.approx(exact.tolist(), abs=1e-6)  # token_logprobs works in fp32
     # the rare token 2 (p = 0.04): -0.30 exactly, but -0.03 from the likely sample and -7.8 from its own
     assert abs(float(per_sample[0][2])) < 0.05 and float(per_sample[2][2]) < -5.0
@@ -126,6 +129,7 @@ def test_k3_is_clamped_as_verl_and_openrlhf_do():
     loss, sums = policy_loss(logp, logp.detach().clone(), zero, one, params=LossParams(kl_coef=0.1), total_tokens=2,
                              ref_logp=ref)
     loss.backward()
+    assert logp.grad is not None
     assert math.isfinite(float(loss)) and bool(torch.isfinite(logp.grad).all())
     assert sums.kl == pytest.approx(K3_MAX + (0.5 + math.log(2) - 1), rel=1e-5)  # the far token at the cap
     # the lower side: d clamped to -20, exp(-20) + 20 - 1 = 19.0000..., then capped at 10
@@ -143,6 +147,7 @@ def test_the_clip_binds_against_a_proximal_policy_other_than_the_current_one():
                              prox_logp=prox)
     loss.backward()
     assert sums.clipped == 2  # 1.5 > 1 + 0.28 with A > 0; 0.5 < 1 - 0.2 with A < 0
+    assert logp.grad is not None
     assert logp.grad.tolist() == pytest.approx([0.0, -1.1 / 3, 0.0])
 
 
@@ -155,6 +160,7 @@ def test_policy_loss_takes_the_forward_kl_when_asked():
                              forward_kl_tokens=fkl)
     assert sums.kl == pytest.approx(0.3) and float(loss) == pytest.approx(0.03)
     loss.backward()
+    assert fkl.grad is not None
     assert float(fkl.grad) == pytest.approx(0.1)
     with pytest.raises(AssertionError, match="forward KL"):
         policy_loss(logp, logp.detach().clone(), zero, one, params=params, total_tokens=1)
@@ -236,7 +242,11 @@ def test_chunked_head_equals_the_whole_head(tmp_path, monkeypatch, masked, with_
 
     head_rows: list[int] = []  # the positions each fp32 head application ran on (recomputes in backward too)
     fp32_logits = engine._fp32_logits
-    monkeypatch.setattr(engine, "_fp32_logits", lambda h, w, b: head_rows.append(h.shape[0]) or fp32_logits(h, w, b))
+    def recording_fp32_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        head_rows.append(h.shape[0])
+        return fp32_logits(h, w, b)
+
+    monkeypatch.setattr(engine, "_fp32_logits", recording_fp32_logits)
     path = build_tiny_model(tmp_path / "tiny", seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(False)

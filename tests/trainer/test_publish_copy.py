@@ -44,6 +44,6 @@ def test_one_copy_per_tensor_from_snapshot_to_safetensors() -> None:
     assert torch.equal(snap["norm.weight"], torch.ones(4))
 
     with CountOps() as counted:
-        written = _untie(snap, PretrainedConfig(tie_word_embeddings=False))
+        written = _untie(snap, PretrainedConfig(tie_word_embeddings=False))  # type: ignore[call-arg]  # typed __init__ omits **kwargs
     assert not set(counted.ops) & COPIES, counted.ops  # no second copy on the way to safetensors
     assert all(written[k].data_ptr() == snap[k].data_ptr() for k in written)

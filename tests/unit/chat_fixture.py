@@ -90,7 +90,7 @@ def episode(tok: Tokenizer, fmt: str = "chatml") -> Builder:
 def trajectory(b: Builder, name: str, reward: float, **metrics: object) -> Trajectory:
     mask = np.asarray(b.mask, np.int8)
     return Trajectory(trajectory_id=f"{name}:s0:a0", task_id=name, group_id=f"{name}:g", sample_index=0,
-                      token_ids=b.ids, loss_mask=mask, logprobs=np.where(mask == 1, -0.5, 0.0),
+                      token_ids=np.asarray(b.ids, np.int32), loss_mask=mask, logprobs=np.where(mask == 1, -0.5, 0.0),
                       policy_versions=np.where(mask == 1, 0, -1), reward=reward, logprob_kind="processed",
                       metrics={"stop_reason": "submit", "tests_passed": int(reward * 4), "tests_total": 4,
                                "diff_bytes": 120, "diff_applied": True, **metrics})

@@ -12,7 +12,7 @@ from hpc.cli import VERB_MODULES, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
-VERBS = {
+VERBS: dict[str, dict[str, Any]] = {
     "demo": {}, "warm-start": {}, "report": {},
     "config": {"default": {}}, "validate": {}, "init": {}, "spool": {"stats": {}, "inspect": {}},
     "render": {}, "launch": {}, "status": {}, "cancel": {}, "resume": {}, "scale": {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from hpc.errors import ConfigError
 SPOOLRL = [sys.executable, "-m", "hpc.cli"]
 
 # (yaml text or mapping, a substring every error message must contain)
-MALFORMED: list[tuple[object, str]] = [
+MALFORMED: list[tuple[str | dict[str, Any], str]] = [
     ({"trainer": {"lr": "fast"}}, "trainer.lr"),
     ({"trainer": {"zero_stage": 4}}, "trainer.zero_stage"),
     ({"trainer": {"zero_stage": -1}}, "trainer.zero_stage"),
