@@ -103,6 +103,7 @@ class FrontDoor:
         self._last_holders = 0.0
         self._hold_until = 0.0
         self._pump: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -115,10 +116,16 @@ class FrontDoor:
         return spool
 
     async def close(self) -> None:
+        """End every job, then let the pump flush what is queued (the ended jobs' cancel markers) and return.
+        Never cancel the pump: a round it took would be lost with its flush, whose executor future a
+        cancel drops before it starts (the nodes would run the ended episodes on to the drain deadline)."""
         self.fail_all(503, SHUTTING_DOWN)
-        if self._pump is not None:
-            self._pump.cancel()
-        await self._io(self._flush_round, self._take_round())
+        self._closing = True
+        self._wake.set()
+        if self._pump is not None and not self._pump.done():
+            await self._pump
+        elif self.spool is not None:
+            await self._io(self._flush_round, self._take_round())
         self.io.shutdown(wait=True)
 
     async def _io(self, fn: Any, *args: Any) -> Any:
@@ -186,12 +193,14 @@ class FrontDoor:
 
     # ------------------------------------------------------------------ the pump
     async def _pump_loop(self) -> None:
+        """Flush a round whenever woken (or every ``poll_s``); after :meth:`close`, one last round, then return."""
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            closing = self._closing  # read before the round is taken: it holds everything close() queued
             rnd = self._take_round()
             try:
                 await self._io(self._flush_round, rnd)
@@ -200,8 +209,12 @@ class FrontDoor:
                 for task in rnd.puts:
                     if (job := self.jobs.get(task["task_id"])) is not None:
                         self._end(job, JobEnded(500, f"could not queue the task in the spool: {exc}"))
+                if closing:
+                    return
                 continue
             self._settle(rnd)
+            if closing:
+                return
 
     def _take_round(self) -> Round:
         rnd, self._round = self._round, Round()

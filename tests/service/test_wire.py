@@ -216,7 +216,8 @@ def check_cancel_admission_timeout_stop(stack: Any) -> None:
 def check_sigterm_mid_episode(stack: Any) -> None:
     """A time limit's SIGTERM while a call waits on an episode mid-RUN: the call is answered 503 at once
     (not when its job times out, nor after aiohttp's 60 s wait for handlers: past a Slurm grace the
-    server would be SIGKILLed with the task still claimed), the server exits 0, no claim is left."""
+    server would be SIGKILLed with the task still claimed), the server exits 0, and the episode is
+    cancelled: its task is done, neither claimed nor back in ready."""
     hole = Blackhole()
     assert _call(stack, "/start", {})[0] == 200
     assert _call(stack, "/clear_llm_server", {})[0] == 200
@@ -230,8 +231,11 @@ def check_sigterm_mid_episode(stack: Any) -> None:
     hung["thread"].join(30)
     assert hung["status"] == 503 and "shutting down" in hung["body"]["detail"], hung
     assert server.wait(timeout=50) == 0, (stack["tmp"] / "server.log").read_text()[-3000:]
-    claimed = sorted(p.name for p in (stack["tmp"] / "run" / "spool" / "tasks" / "claimed").glob("*/*"))
-    assert claimed == [], claimed
+    tasks = stack["tmp"] / "run" / "spool" / "tasks"
+    claimed, ready = sorted(p.name for p in (tasks / "claimed").glob("*/*")), sorted(p.name for p in (tasks / "ready").glob("*"))
+    # the node heard the cancel and ended the episode: its task is done, not released back to ready at the
+    # drain deadline (where a later server on this run would run it again for nobody)
+    assert claimed == [] and ready == [], (claimed, ready)
     hole.release()
 
 
