@@ -48,6 +48,8 @@ from scripts.chaos.observe import ZOMBIE_BOUND_S
 from scripts.chaos.procs import ancestors, process_table
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scripts.chaos.client import ProcessClient
     from scripts.chaos.harness import Harness
 
@@ -140,10 +142,10 @@ def check_wait(longest_s: float, steps: int) -> Check:
 
 
 def check_run_down(trainer_exit: int | None, after_trainer_s: dict[str, float],
-                   killed_after_grace: list[str] | None = None) -> Check:
+                   killed_after_grace: Sequence[str] = ()) -> Check:
     """``killed_after_grace``: the roles the whole-run stop had to SIGKILL after its grace."""
     late = {k: v for k, v in after_trainer_s.items() if v > RUNDOWN_BOUND_S}
-    hung = killed_after_grace or []
+    hung = list(killed_after_grace)
     return Check("run_down", not late and not hung and trainer_exit == 0,
                  {"bound_s": RUNDOWN_BOUND_S, "trainer_exit": trainer_exit, "after_trainer_s": after_trainer_s,
                   "killed_after_stop_grace": hung})

@@ -78,12 +78,12 @@ class Harness:
         self.events.append(rec)
         print(json.dumps({"soak": "event", **rec}, default=str), flush=True)
 
-    def count_kill(self, role: str, phase: str, **fields: Any) -> None:
-        """Count a SIGKILL the chaos dealt; ``pid`` (when given) is the process it killed."""
+    def count_kill(self, role: str, phase: str, pid: int | None = None, **fields: Any) -> None:
+        """Count a SIGKILL the chaos dealt; ``pid`` (when known) is the process it killed."""
         self.kills[(role, phase)] += 1
-        if isinstance(fields.get("pid"), int):
-            self.killed_pids.add(fields["pid"])
-        self.event("kill", role=role, phase=phase, **fields)
+        if pid is not None:
+            self.killed_pids.add(pid)
+        self.event("kill", role=role, phase=phase, pid=pid, **fields)
 
     def unkilled(self) -> list[str]:
         """The roles (names of ROLES) the soak has not SIGKILLed yet."""
