@@ -44,7 +44,8 @@ queue, a shard queue and a fence (:mod:`hpc.spool.spool`); roles import only thi
 
 - :class:`RolloutSpool`, what production rollout nodes call (``rollout_node.pipeline``):
   ``claim_task`` (which also reclaims the leases of dead workers, at most about every lease/4) ->
-  ``heartbeat`` from a thread every ``heartbeat_interval_s`` -> ``writer(...).add_group`` ->
+  ``heartbeat`` from a thread every ``heartbeat_interval_s`` (which watches for the dead too, so a node
+  that may not claim now keeps their lease clock running) -> ``writer(...).add_group`` ->
   ``finish_task`` once the group's shard is published (False = the lease was lost: the result is
   deduplicated, never trained twice) or ``release_task``; ``pending_work`` before claiming
   (backpressure against ``max_ready_shards``), ``task_counts`` for ``--once``.
@@ -55,7 +56,9 @@ queue, a shard queue and a fence (:mod:`hpc.spool.spool`); roles import only thi
   ``unconsumed_shards`` and ``reissue_task``s what was lost; the front door reads ``task_holders``.
 - ``stats`` is for operators (``spoolrl spool stats``, ``spoolrl status``).
 
-A Spool object belongs to one process; only ``heartbeat`` may run in another thread.
+A Spool object belongs to one process; only ``heartbeat`` may run in another thread (its watch for the
+dead may race a claim's: both rename with ``FileNotFoundError`` tolerated, a moved task is in ``ready/``
+whichever listing finds it).
 Known limit: a fenced trainer that passed its fence check just before a newer one fenced can
 still commit the shards it holds (no lock spans check and rename on these filesystems); the
 newer trainer then never sees them as ready, so they are trained by the stale one only.

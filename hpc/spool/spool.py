@@ -67,12 +67,17 @@ class Spool:
         return lease
 
     def heartbeat(self, worker_id: str) -> None:
-        """Show that ``worker_id`` lives (for ``lease_s``): call at least every ``heartbeat_interval_s``."""
+        """Show that ``worker_id`` lives (for ``lease_s``): call at least every ``heartbeat_interval_s``.
+
+        Beating also watches for dead workers (at most about every lease/4), so a node that may not claim
+        now (no inference server, backpressure) still runs the lease clock on them: their tasks go back to
+        ``ready/`` one lease after the death, not one lease after this node's next claim."""
         hb = self._heartbeats.get(worker_id)
         if hb is None:
             hb = self._heartbeats[worker_id] = Heartbeat(self.heartbeat_dir, worker_id)
         hb.beat(self.config.lease_s)
         self._last_beat[worker_id] = time.monotonic()
+        self.tasks.maybe_reclaim()
 
     def writer(self, worker_id: str) -> ShardWriter:
         """A context manager with ``add(traj)``/``add_group(trajs)``; publishes sealed shards."""

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spool_helpers import backpressure, drop, keepalive, make_group, make_traj
 
 from hpc.config.spool import SpoolConfig
 from hpc.errors import FencedError, SpoolError
@@ -18,6 +17,7 @@ from hpc.fsutil import TmpCleaner
 from hpc.shard import read_shard_file, shard_count
 from hpc.spool import Spool
 from hpc.trajectory import Status, Trajectory
+from tests.spool.spool_helpers import backpressure, drop, keepalive, make_group, make_traj
 
 
 def _consume_all(spool: Spool, consumer: str) -> list[Trajectory]:
@@ -110,6 +110,26 @@ def test_a_dead_workers_task_comes_back_while_other_tasks_are_ready(tmp_path: Pa
     assert (dead.task_id, 1) in seen, f"not reclaimed in 5 s ({len(seen)} claims)"
     assert live.stats()["tasks_ready"] > 100
     assert not spool.finish_task(dead)  # the dead worker's late finish is refused
+
+
+def test_a_node_that_only_beats_still_reclaims_a_dead_workers_task(tmp_path: Path) -> None:
+    """A node that may not claim (no inference server, backpressure) only heartbeats; the dead worker's task
+    still goes back to ready about one lease after its death (before: only claims watched for the dead, so
+    the lease was counted from this node's first claim after the outage)."""
+    config = SpoolConfig(lease_s=1.0, heartbeat_interval_s=0.2)
+    spool = Spool(tmp_path, config)
+    spool.put_tasks([{"task_id": "t0"}])
+    dead = spool.claim_task("dead")
+    assert dead is not None
+    idle = Spool(tmp_path, config)
+    deadline = time.monotonic() + 5.0
+    while idle.stats()["tasks_claimed"] and time.monotonic() < deadline:
+        idle.heartbeat("idle")
+        time.sleep(0.1)
+    assert idle.stats()["tasks_claimed"] == 0, "the dead worker's claim was not reclaimed in 5 s"
+    lease = idle.claim_task("idle")
+    assert lease is not None and (lease.task_id, lease.attempt) == ("t0", 1)
+    assert not spool.finish_task(dead)
 
 
 # ----------------------------------------------------------------------------------------- shards
