@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,9 +161,11 @@ def lookup_transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], *,
     loop = AgentLoop(template, agent_limits)
     files = [lookup.setting_path(lookup.setting_of(t)) for t in tasks] if drawn_values else []
     tools = RepoFileTools(lookup.REPO, (lookup.CONFIG, *files), lookup.written_value)
-    taken = {value for _, value in lookup.settings()}
-    pool = [str(v) for v in range(1000, 10000) if str(v) not in taken]
-    drawn = iter(random.Random(seed).sample(pool, len(tasks) * drawn_values))
+    drawn: Iterator[str] = iter(())
+    if drawn_values:  # 4-digit values no instance of any set has
+        taken = {value for _, value in lookup.settings()}
+        pool = [str(v) for v in range(1000, 10000) if str(v) not in taken]
+        drawn = iter(random.Random(seed).sample(pool, len(tasks) * drawn_values))
     out = []
     for task in tasks:
         name = lookup.setting_of(task)
