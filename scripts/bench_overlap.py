@@ -65,9 +65,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_pipeline import TOOLS, BenchOps, stage_stats  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))  # spawned workers import this script by its bare name
 
 from hpc.config import load_config  # noqa: E402
 from hpc.metrics import read_metrics  # noqa: E402
@@ -80,6 +78,7 @@ from rollout_node.pipeline.node import NodeOptions, RolloutNode  # noqa: E402
 from rollout_node.pipeline.policy import EpisodeContext, EpisodeOutput  # noqa: E402
 from rollout_node.pipeline.sizing import Workers  # noqa: E402
 from rollout_node.tasks import load_tasks  # noqa: E402
+from scripts.bench_pipeline import TOOLS, BenchOps, stage_stats  # noqa: E402
 from train_node.trainer.checkpoint import CheckpointMeta  # noqa: E402
 from train_node.trainer.engine import StepResult  # noqa: E402
 from train_node.trainer.loop import Lead, Options, Trainer  # noqa: E402

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import build_tiny, sandbox_missing
 
 from rollout_node.agent import ChatTemplate
+from tests.agent.agent_helpers import build_tiny, sandbox_missing
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from agent_helpers import ScriptedIds, build_tiny, git_repo, sandbox_missing
-from recording_proxy import RecordingProxy
 
 from hpc.trajectory import Status, Trajectory
 from rollout_node.agent import (
@@ -47,6 +45,8 @@ from rollout_node.agent import (
 )
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.http import UnixHTTPConnection
+from tests.agent.agent_helpers import ScriptedIds, build_tiny, git_repo, sandbox_missing
+from tests.agent.recording_proxy import RecordingProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 VERSION = 3

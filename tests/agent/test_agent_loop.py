@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import RecordingTools, ScriptedIds, git_repo
 
 from hpc.config import InferenceConfig, RolloutConfig
 from hpc.errors import InferenceError, SandboxError
@@ -25,6 +24,7 @@ from rollout_node.agent import (
     SandboxTools,
     format_tool_call,
 )
+from tests.agent.agent_helpers import RecordingTools, ScriptedIds, git_repo
 
 MSGS = [Message("system", "You are an agent."), Message("user", "Fix it.")]
 BASH = format_tool_call("bash", {"command": "echo hi"})

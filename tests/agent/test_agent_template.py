@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from agent_helpers import RecordingTools, ScriptedIds
 
 from hpc.errors import ConfigError
 from rollout_node.agent import AgentLimits, AgentLoop, ChatTemplate, Message, format_tool_call
+from tests.agent.agent_helpers import RecordingTools, ScriptedIds
 
 MESSAGES = [Message("system", "You are a coding agent.\nUse the tools."), Message("user", "Fix the bug in calc.py")]
 

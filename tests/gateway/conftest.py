@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gw_helpers import RecordingBackend
 
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway
+from tests.gateway.gw_helpers import RecordingBackend
 from train_node.infer.tiny import cached_tiny_model
 
 REPLY = 'Listing.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'

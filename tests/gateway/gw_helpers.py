@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import openai
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from hpc.httpserver import HttpServer
 from rollout_node.gateway import GatewaySession
@@ -23,7 +24,7 @@ from rollout_node.service.standin import VERSION, StandIn
 LOGPROB = -0.5  # what the stand-in reports for every token
 STANDIN_VERSION = VERSION
 
-TOOLS = [{"type": "function", "function": {
+TOOLS: list[ChatCompletionFunctionToolParam] = [{"type": "function", "function": {
     "name": "bash", "description": "run a command",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
@@ -55,9 +56,9 @@ def sdk(session: GatewaySession, key: str | None = None) -> openai.OpenAI:
                          http_client=httpx2.Client(transport=transport))
 
 
-def as_history(message: Any) -> dict[str, Any]:
+def as_history(message: Any) -> ChatCompletionMessageParam:
     """An SDK response message as the harness sends it back (what LiteLLM / the SDK's users do)."""
-    return dict(message.model_dump(exclude_none=True))
+    return cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True))
 
 
 def assert_exact(segment: Transcript, records: list[dict[str, list[int]]]) -> None:

@@ -11,18 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx2
 import openai
 import pytest
-from gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
-from openai.types.chat import ChatCompletionMessageParam, ChatCompletionMessageToolCallUnion
+from openai.types.chat import ChatCompletionMessageFunctionToolCallParam, ChatCompletionMessageParam
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from rollout_node.agent.client import InferenceClient, RetryPolicy
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, GatewaySession, SessionTrace
+from tests.gateway.gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
 
 SAMPLING = GatewaySampling(temperature=0.7, max_new_tokens=64, max_tokens=4096)
 
@@ -32,37 +32,37 @@ def _open(gateway: Gateway, client: InferenceClient, template: ChatTemplate, nam
     return gateway.open_session(name, client.session(name), template, sampling)
 
 
-def _conversation(task: str) -> list[dict[str, Any]]:
+def _conversation(task: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
 
 
-def _streamed_call(tc: ChoiceDeltaToolCall) -> dict[str, Any]:
+def _streamed_call(tc: ChoiceDeltaToolCall) -> ChatCompletionMessageFunctionToolCallParam:
     """A streamed tool call as the harness sends it back."""
-    assert tc.function is not None, "a streamed tool call without its function"
+    assert tc.id is not None and tc.function is not None, "a streamed tool call without its id or function"
+    assert tc.function.name is not None and tc.function.arguments is not None
     return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
 
 
-def _turns(api: openai.OpenAI, messages: list[dict[str, Any]], n: int, *, stream: bool = False) -> list[Any]:
+def _turns(api: openai.OpenAI, messages: list[ChatCompletionMessageParam], n: int, *, stream: bool = False) -> list[Any]:
     """``n`` calls of a harness that resends its history unchanged, answering each tool call."""
     answers: list[Any] = []
-    history = cast(list[ChatCompletionMessageParam], messages)  # JSON-shaped dicts, the same list
     for i in range(n):
-        calls: list[ChoiceDeltaToolCall] | list[ChatCompletionMessageToolCallUnion]
         if stream:
-            chunks = list(api.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=True,
+            chunks = list(api.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
                                                       stream_options={"include_usage": True}))
             answers.append(chunks)
-            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            calls = [_streamed_call(tc) for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            messages.append({"role": "assistant", "content": content, "tool_calls": [_streamed_call(tc) for tc in calls]})
+            messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+            call_ids = [call["id"] for call in calls]
         else:
-            answer = api.chat.completions.create(model="m", messages=history, tools=TOOLS, temperature=0.7,
+            answer = api.chat.completions.create(model="m", messages=messages, tools=TOOLS, temperature=0.7,
                                                  max_completion_tokens=200)
             answers.append(answer)
             messages.append(as_history(answer.choices[0].message))
-            calls = answer.choices[0].message.tool_calls or []
-        for tc in calls:
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": f"out {i}\ncalc.py"})
+            call_ids = [call.id for call in answer.choices[0].message.tool_calls or []]
+        for call_id in call_ids:
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": f"out {i}\ncalc.py"})
     return answers
 
 
@@ -123,7 +123,7 @@ def test_truncated_history_is_two_segments(gateway: Gateway, client: InferenceCl
     messages = _conversation("Fix calc.py")
     _turns(api, messages, 2)
     # the harness compacts: system + a summary, dropping the exchanges so far
-    short = [messages[0], {"role": "user", "content": "Summary: ran ls twice. Continue."}]
+    short: list[ChatCompletionMessageParam] = [messages[0], {"role": "user", "content": "Summary: ran ls twice. Continue."}]
     _turns(api, short, 2)
     trace = session.close()
     records = backend.records()[before:]

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, Renderer, split_tool_calls
 from rollout_node.gateway.render import assistant_key
+from tests.gateway.gw_helpers import TOOLS, RecordingBackend, as_history, assert_exact, sdk
 from train_node.infer.tiny import cached_tiny_model
 
 # Qwen 2.5's tool-calling template, written here from its published text (tools block in the system
@@ -135,7 +136,7 @@ def test_llama3_unchanged_history_is_one_segment(llama3: tuple[ChatTemplate, Gat
     client = InferenceClient([backend.url])
     session = gw.open_session("l3", client.session("l3"), t, GatewaySampling(temperature=0.7, max_tokens=4096))
     api = sdk(session)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
     for i in range(2):
         answer = api.chat.completions.create(model="m", messages=messages, tools=TOOLS)
         (call,) = answer.choices[0].message.tool_calls or []

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from gw_helpers import as_history, sdk
-from infer.infer_helpers import first_train_step
+from openai.types.chat import ChatCompletionMessageParam
 
 from hpc.trajectory import Trajectory
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.seeds import EpisodeSeed
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, SessionTrace
+from tests.gateway.gw_helpers import as_history, sdk
+from tests.infer.infer_helpers import first_train_step
 
 pytestmark = pytest.mark.deepspeed
 T = 0.7
@@ -31,16 +31,16 @@ def _episode(gateway: Gateway, client: InferenceClient, template: ChatTemplate, 
     sampling = GatewaySampling(temperature=T, max_new_tokens=12, max_tokens=1024, seed=EpisodeSeed(0, f"task{g}", i))
     session = gateway.open_session(key, client.session(key), template, sampling)
     api = sdk(session)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
-                                      {"role": "user", "content": f"Solve task {g}."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": "You are an agent."},
+                                                  {"role": "user", "content": f"Solve task {g}."}]
     for turn in range(CALLS):
-        answer = api.chat.completions.create(model="policy", messages=messages, temperature=T, max_tokens=12,
-                                             stream=turn == 1)
         if turn == 1:  # a streamed answer, reassembled as a harness does
-            chunks = list(answer)
+            chunks = list(api.chat.completions.create(model="policy", messages=messages, temperature=T, max_tokens=12,
+                                                      stream=True))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             messages.append({"role": "assistant", "content": text})
         else:
+            answer = api.chat.completions.create(model="policy", messages=messages, temperature=T, max_tokens=12)
             messages.append(as_history(answer.choices[0].message))
         messages.append({"role": "user", "content": f"observation {turn}"})
     return session.close()

@@ -16,12 +16,20 @@ from typing import Any, cast
 import httpx2
 import openai
 import pytest
-from gw_helpers import TOOLS, RecordingBackend, assert_exact, sdk
-from openai.types.responses import FunctionToolParam, Response, ResponseInputParam
+from openai.types.responses import (
+    EasyInputMessageParam,
+    FunctionToolParam,
+    Response,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseInputParam,
+    ResponseTextDeltaEvent,
+)
 
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.template import ChatTemplate
 from rollout_node.gateway import Gateway, GatewaySampling, GatewaySession
+from tests.gateway.gw_helpers import TOOLS, RecordingBackend, assert_exact, sdk
 
 SAMPLING = GatewaySampling(temperature=0.7, max_new_tokens=64, max_tokens=4096)
 FLAT_TOOLS: list[FunctionToolParam] = [{"type": "function", "name": "bash", "description": "run a command", "strict": False,
@@ -46,7 +54,7 @@ def _open(gateway: Gateway, client: InferenceClient, template: ChatTemplate, nam
     return gateway.open_session(name, client.session(name), template, SAMPLING)
 
 
-def _user(text: str) -> dict[str, Any]:
+def _user(text: str) -> EasyInputMessageParam:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
@@ -67,8 +75,10 @@ def test_text_answer_renders_the_chat_prompt(gateway: Gateway, client: Inference
     assert answer.status == "completed" and answer.output_text == "Nothing to change."
     (item,) = answer.output
     assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
-    assert answer.usage.input_tokens == len(rec["prompt"]) and answer.usage.output_tokens == len(rec["token_ids"])
-    assert answer.usage.total_tokens == answer.usage.input_tokens + answer.usage.output_tokens
+    usage = answer.usage
+    assert usage is not None
+    assert usage.input_tokens == len(rec["prompt"]) and usage.output_tokens == len(rec["token_ids"])
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert trace.calls == 1 and len(trace.segments) == 1
     assert_exact(trace.segments[0], [rec])
 
@@ -81,8 +91,11 @@ def test_text_answer_streamed_in_the_sdks_event_order(gateway: Gateway, client: 
     events = list(api.responses.create(model="m", input="Fix calc.py", stream=True))
     assert [e.type for e in events] == [*STREAM_TEXT, "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert events[4].delta == "Nothing to change." and events[-1].response.output_text == "Nothing to change."
-    assert events[-1].response.usage.output_tokens > 0 and events[0].response.status == "in_progress"
+    created, delta, completed = events[0], events[4], events[-1]
+    assert isinstance(created, ResponseCreatedEvent) and isinstance(delta, ResponseTextDeltaEvent)
+    assert isinstance(completed, ResponseCompletedEvent) and completed.response.usage is not None
+    assert delta.delta == "Nothing to change." and completed.response.output_text == "Nothing to change."
+    assert completed.response.usage.output_tokens > 0 and created.response.status == "in_progress"
     with api.responses.stream(model="m", input="Fix calc.py") as stream:  # the SDK's strict accumulator
         final = stream.get_final_response()
     assert final.output_text == "Nothing to change." and final.status == "completed"
@@ -114,7 +127,7 @@ def test_tool_call_round_trip_is_one_token_exact_segment(gateway: Gateway, clien
                                                          stream: bool) -> None:
     before = len(backend.records())
     session = _open(gateway, client, template, f"responses-tools-{stream}")
-    items: list[dict[str, Any]] = [{"role": "developer", "content": "You are a coding agent."}, _user("Fix calc.py")]
+    items: list[dict[str, Any]] = [{"role": "developer", "content": "You are a coding agent."}, dict(_user("Fix calc.py"))]
     answers = _round_trip(sdk(session), items, 3, stream=stream)
     message, call = answers[0].output
     assert message.type == "message" and answers[0].output_text == "Listing."
@@ -191,6 +204,7 @@ def test_a_capped_completion_is_incomplete(gateway: Gateway, client: InferenceCl
     before = len(backend.records())
     session = _open(gateway, client, template, "responses-capped")
     answer = sdk(session).responses.create(model="m", input="Fix calc.py", max_output_tokens=3)
+    assert answer.incomplete_details is not None and answer.usage is not None
     assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
     assert answer.usage.output_tokens == 3 and not [o for o in answer.output if o.type == "function_call"]
     with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(session.socket_path))) as http:

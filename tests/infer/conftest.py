@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infer_helpers import SECRET, Running, vllm_gpus, vllm_unavailable, vllm_venv, wait_healthy
 
+from tests.infer.infer_helpers import SECRET, Running, vllm_gpus, vllm_unavailable, vllm_venv, wait_healthy
 from train_node.infer.servers import CpuServer, ServerSpec, VllmServer
 from train_node.infer.tiny import build_tiny_model
 

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from infer_helpers import Running, forward_logprobs, http
+
+from tests.infer.infer_helpers import Running, forward_logprobs, http
 
 PROMPT = [1, 105, 230, 377, 1024, 2048, 17, 99, 3000, 2]
 TOL = 1e-4

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infer_helpers import forward_logprobs, http
 
 from hpc.httpserver import HttpServer
+from tests.infer.infer_helpers import forward_logprobs, http
 from train_node.infer.engine import Engine, PrefixCache, Sequence, load_model
 from train_node.infer.httpbase import route_app
 from train_node.infer.protocol import SamplingParams

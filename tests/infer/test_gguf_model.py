@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from infer_helpers import SECRET, wait_healthy
 
 from hpc.trajectory import Trajectory
 from rollout_node.agent import AgentLimits, AgentLoop, ChatTemplate, Message, format_tool_call
 from rollout_node.agent.client import InferenceClient
 from tests.agent.agent_helpers import RecordingTools
 from tests.agent.recording_proxy import RecordingProxy
+from tests.infer.infer_helpers import SECRET, wait_healthy
 from train_node.infer.gguf import smollm2_gguf
 from train_node.infer.servers import CpuServer, ServerSpec
 from train_node.trainer.packing import Sample, build_micro_batch

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infer_helpers import forward_logprobs, http, vllm_unavailable, vllm_venv
 
 from hpc.cli.run import init_run
 from hpc.config import load_config
@@ -25,6 +24,7 @@ from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.policy import SamplingParams
+from tests.infer.infer_helpers import forward_logprobs, http, vllm_unavailable, vllm_venv
 from train_node.infer.node import build_specs
 from train_node.infer.servers import VllmServer
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from infer_helpers import first_train_step
 
 from hpc.trajectory import Trajectory
 from rollout_node.agent.client import InferenceClient
 from rollout_node.agent.policy import SamplingParams
+from tests.infer.infer_helpers import first_train_step
 
 pytestmark = pytest.mark.deepspeed
 T = 0.7

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infer_helpers import http
 
 from hpc.httpserver import HttpServer
+from tests.infer.infer_helpers import http
 from train_node.infer.httpbase import Call, Reply, error_reply, json_reply, route_app
 from train_node.infer.proxy import Upstream, VllmProxy, make_proxy_handler
 

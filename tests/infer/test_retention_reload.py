@@ -15,12 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infer_helpers import forward_logprobs, http
-
 from hpc.cli.run import init_run
 from hpc.config import load_config
 from hpc.fsutil import atomic_write_text
 from hpc.paths import RunPaths
+from tests.infer.infer_helpers import forward_logprobs, http
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["inference.engine=cpu", "inference.cpu_threads=1", "inference.policy_poll_s=0.2",

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from sbx_helpers import HERE, PYTHON, need_image
 
+from tests.sandbox.sbx_helpers import HERE, PYTHON, need_image
 from tests.unprivileged import CI_USER, CiUser, checkout_traversable
 
 

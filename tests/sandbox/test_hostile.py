@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from sbx_helpers import json_lines, need_runtime
+
+from tests.sandbox.sbx_helpers import json_lines, need_runtime
 
 ALL = ["network", "write_outside", "read_home", "env_secret", "fork_bomb", "memory_hog", "endless_output",
        "sleep_forever", "kill_tool_server", "background_left_behind", "file_tool_symlinks"]

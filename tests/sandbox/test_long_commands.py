@@ -8,12 +8,12 @@ import hashlib
 from collections.abc import Iterator
 
 import pytest
-from sbx_helpers import need_runtime
 
 from hpc.config.sandbox import SandboxConfig
 from rollout_node.sandbox import open_sandbox
 from rollout_node.sandbox.framing import DIRECT_MAX_BYTES, MAX_COMMAND_BYTES
 from rollout_node.sandbox.sandbox import Sandbox
+from tests.sandbox.sbx_helpers import need_runtime
 
 pytestmark = pytest.mark.sandbox
 

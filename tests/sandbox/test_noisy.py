@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sbx_helpers import json_lines, need_runtime
+
+from tests.sandbox.sbx_helpers import json_lines, need_runtime
 
 COMBOS = [
     pytest.param("bwrap", "root", marks=pytest.mark.sandbox, id="bwrap-root"),

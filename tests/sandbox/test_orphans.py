@@ -17,7 +17,8 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from sbx_helpers import json_lines, need_runtime
+
+from tests.sandbox.sbx_helpers import json_lines, need_runtime
 
 pytestmark = pytest.mark.sandbox
 

@@ -8,11 +8,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from sbx_helpers import need_runtime
 
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SandboxError
 from rollout_node.sandbox import open_sandbox
+from tests.sandbox.sbx_helpers import need_runtime
 
 pytestmark = pytest.mark.sandbox
 

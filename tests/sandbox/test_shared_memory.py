@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from sbx_helpers import need_runtime
 
 from hpc.config.sandbox import SandboxConfig
 from rollout_node.sandbox import open_sandbox
+from tests.sandbox.sbx_helpers import need_runtime
 
 LIMIT_GB = 0.5  # 512 MiB; each hostile tree below holds ~700 MiB, none of it private anonymous memory
 CFG = SandboxConfig(runtime="bwrap", mem_gb=LIMIT_GB, tmp_mb=1024, max_file_mb=1024, command_timeout_s=60)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from sbx_helpers import HERE, json_lines, need_runtime
+
+from tests.sandbox.sbx_helpers import HERE, json_lines, need_runtime
 
 pytestmark = pytest.mark.sandbox
 

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sbx_helpers import need_runtime
 
 from hpc.config.sandbox import SandboxConfig
 from hpc.errors import SandboxError
 from rollout_node.sandbox import ToolResult, open_sandbox
 from rollout_node.sandbox.limits import descendants
 from rollout_node.sandbox.sandbox import Sandbox
+from tests.sandbox.sbx_helpers import need_runtime
 
 pytestmark = pytest.mark.sandbox
 

@@ -9,10 +9,10 @@ import types
 from pathlib import Path
 
 import pytest
-from spool_helpers import make_group
 
 import hpc.shard as shard_module
 from hpc.spool import Spool
+from tests.spool.spool_helpers import make_group
 
 
 def _write(spool: Spool, worker: str, task: str, skew_s: float, monkeypatch: pytest.MonkeyPatch) -> str:

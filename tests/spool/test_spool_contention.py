@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spool_helpers import claim_worker, join_all, start
 
 from hpc.config.spool import SpoolConfig
 from hpc.spool import Spool
+from tests.spool.spool_helpers import claim_worker, join_all, start
 
 NUM_TASKS = 10_000
 NUM_WORKERS = 8

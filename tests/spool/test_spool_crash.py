@@ -11,11 +11,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from spool_helpers import consumer, make_group, shard_writer, start, stopped_worker
-
 from hpc.config.spool import SpoolConfig
 from hpc.shard import SUFFIX, read_shard_file
 from hpc.spool import Spool
+from tests.spool.spool_helpers import consumer, make_group, shard_writer, start, stopped_worker
 
 
 def _wait_state(pid: int, state: str, timeout_s: float = 30) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from spool_helpers import CTX, make_group, make_traj, start, wait_for_shards
 
 import hpc.arrival as arrival_module
 from hpc.cli import main as cli_main
@@ -36,6 +35,7 @@ from hpc.shard import (
     table_trajectories,
 )
 from hpc.spool import Spool
+from tests.spool.spool_helpers import CTX, make_group, make_traj, start, wait_for_shards
 
 
 def _three_shards(spool: Spool) -> list[Path]:

@@ -27,7 +27,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 from hpc.trajectory import Status, Trajectory  # noqa: E402
-from trainer.helpers import free_port, make_group, make_run, run_config, write_groups  # noqa: E402
+from tests.trainer.helpers import free_port, make_group, make_run, run_config, write_groups  # noqa: E402
 
 POINTS = ("step", "checkpoint", "after_checkpoint", "publish")
 

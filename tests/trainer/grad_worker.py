@@ -19,11 +19,11 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 from hpc.config import AlgorithmConfig  # noqa: E402
+from tests.trainer.helpers import run_config  # noqa: E402
+from tests.trainer.nonfinite_worker import guard_sequence  # noqa: E402
 from train_node.trainer.dist_env import resolve  # noqa: E402
 from train_node.trainer.engine import Engine, init_distributed, load_model  # noqa: E402
 from train_node.trainer.packing import Sample, plan_step  # noqa: E402
-from trainer.helpers import run_config  # noqa: E402
-from trainer.nonfinite_worker import guard_sequence  # noqa: E402
 
 
 def samples() -> list[Sample]:

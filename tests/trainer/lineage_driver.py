@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-from trainer.helpers import make_group, make_run, run_config, standard_groups, write_groups  # noqa: E402
-from trainer.resume_driver import train  # noqa: E402
+from tests.trainer.helpers import make_group, make_run, run_config, standard_groups, write_groups  # noqa: E402
+from tests.trainer.resume_driver import train  # noqa: E402
 
 
 def _weights(path: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-from trainer.helpers import free_port, make_run, run_config, standard_groups, write_groups  # noqa: E402
+from tests.trainer.helpers import free_port, make_run, run_config, standard_groups, write_groups  # noqa: E402
 
 
 def _rank_main(run: Path, rank: int, nproc: int, port: int, overrides: list[str], fault: str) -> None:
