@@ -23,21 +23,23 @@ Phases, in order (each prints one JSON line):
    only if it is above 0 and below 1: at 0 or 1 the bench stops here and says so.
 3. ``measure``: one training step of the real arm, timed (trainer start to step 1: the first batch's
    rollouts and the step) with its tokens (``--measure-only`` stops here). The steps per arm are sized from
-   it and the evaluation's time so that the three arms and their evaluations fit ``--budget-s`` (default
+   it and the evaluation's time so that the arms and their evaluations fit ``--budget-s`` (default
    45 min warm, the issue's bound), each arm at most 20 minutes, unless ``--steps``.
-4. three arms from the warm-started model, same seed and steps, on ``builtin-lookup`` (64 instances):
+4. three arms (``--arms`` runs some of them) from the warm-started model, same seed and steps, on
+   ``builtin-lookup`` (64 instances):
    ``real``; ``lr0`` (``trainer.lr=0``: the loop without learning); ``shuffled``
    (``algorithm.control_shuffle_rewards=true``, a bench-only control: each step's rewards are permuted
    across its episodes before the advantages, so the step carries as much gradient but no credit).
 5. ``after``: the held-out pass rate of each arm's last published policy, as in 2.
 
-The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``,
-``steps``, ``wall_s`` (whole bench, model conversion and warm start excluded) and the sizes it ran with. The
+The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``
+(null for an arm left out), ``steps``, ``wall_s`` (whole bench, model conversion and warm start excluded) and the sizes it ran with. The
 goal (issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat within noise; with k
 samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
 
     .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700]
-        [--warm-steps 16] [--warm-drawn-values N] [--measure-only] [--tune LR,LR] [key=value ...]
+        [--warm-steps 16] [--warm-drawn-values N] [--arms real,lr0,shuffled] [--measure-only] [--tune LR,LR]
+        [key=value ...]
 
 ``--tune 1e-4,4e-4`` is the step before: each lr trains the real arm ``--steps`` (default 4) steps and is
 scored on the TRAINING set's first 32 instances; it prints the winner and stops (the held-out set is not
@@ -236,11 +238,21 @@ def check_learnable(before: float) -> None:
 
 
 def size_steps(step_s: float, eval_s: float, args: argparse.Namespace, overhead_s: float = 0.0) -> int:
-    """Steps per arm: three arms and three more evaluations within ``--budget-s``, each arm <= 20 minutes.
+    """Steps per arm: the arms (``--arms``, three by default) and one more evaluation each within ``--budget-s``,
+    each arm <= 20 minutes.
     ``overhead_s``: what each arm's demo costs besides its steps (its start and drain: the measured demo's
     wall time less its step; 12 s here, which the first sizing left out and so ran 3 minutes over)."""
-    per_arm = min(ARM_BUDGET_S, (args.budget_s - 3 * eval_s) / len(ARMS)) - overhead_s
+    arms = len(args.arms)
+    per_arm = min(ARM_BUDGET_S, (args.budget_s - arms * eval_s) / arms) - overhead_s
     return max(1, min(args.max_steps, int(per_arm // max(step_s, 1e-3))))
+
+
+def _arms(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown arm(s) {unknown or value!r}: choose from {', '.join(ARMS)}")
+    return [n for n in ARMS if n in names]  # in the bench's order
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,6 +280,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tune", type=lambda v: [float(x) for x in v.split(",")], metavar="LR[,LR...]",
                         help="choose the lr on the training set (see tune()), print it and stop; held-out untouched")
+    parser.add_argument("--arms", type=_arms, default=list(ARMS), metavar="ARM[,ARM...]",
+                        help=f"which arms to run, of {','.join(ARMS)} (default all; the last line gives null for an "
+                        "arm left out)")
     parser.add_argument("--measure-only", action="store_true",
                         help="stop after the warm start, the held-out pass rate before RL and one timed training "
                         "step (what a loaded machine affords)")
@@ -299,9 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     overhead = max(0.0, measured["demo_wall_s"] - measured["step_s"])
     steps = args.steps or size_steps(measured["step_s"], before["wall_s"], args, overhead)
     print(json.dumps({"phase": "sized", "steps_per_arm": steps, "estimated_arms_s":
-                      round(len(ARMS) * (steps * measured["step_s"] + overhead + before["wall_s"]))}), flush=True)
-    after: dict[str, float] = {}
-    for name, extra in ARMS.items():
+                      round(len(args.arms) * (steps * measured["step_s"] + overhead + before["wall_s"]))}), flush=True)
+    after: dict[str, float | None] = dict.fromkeys(ARMS)
+    for name in args.arms:
+        extra = ARMS[name]
         run = out / name
         wall = run_demo(run, steps, [*train_overrides(model, args, steps), *extra])
         rewards = [float(r["reward_mean"]) for r in sorted(read_metrics(run, "train_step"), key=lambda r: r["step"])]

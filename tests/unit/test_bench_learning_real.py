@@ -92,3 +92,16 @@ def test_tune_chooses_the_lr_on_the_training_set_and_never_touches_the_heldout_s
     assert '"phase": "tuned", "lr": 2e-05' in capsys.readouterr().out
     ev = bench.eval_overrides(tmp_path, tmp_path, args, bench.TRAIN)
     assert "tasks.source=builtin-lookup" in ev and "tasks.epochs=1" in ev
+
+
+def test_arms_runs_the_named_arms_in_the_bench_order_and_sizes_for_them(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("bench_learning_real")
+    assert bench.parse_args([]).arms == ["real", "lr0", "shuffled"]
+    assert bench.parse_args(["--arms", "shuffled,real"]).arms == ["real", "shuffled"]
+    for bad in ("shuffle", ",", "real,nope"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--arms", bad])
+    assert "choose from real, lr0, shuffled" in capsys.readouterr().err
+    one = bench.parse_args(["--arms", "shuffled"])
+    assert bench.size_steps(77.1, 203.0, one) == 15  # one arm: 20 min cap, not a third of the 45
+    assert bench.size_steps(77.1, 203.0, bench.parse_args([])) == 9
