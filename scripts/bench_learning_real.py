@@ -262,8 +262,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="steps per arm (default: sized from the measured step)")
     parser.add_argument("--max-steps", type=int, default=60, help="cap on the sized steps per arm (default 60)")
     parser.add_argument("--budget-s", type=float, default=2700.0,
-                        help="the three arms and their evaluations together (default 2700 s = 45 min)")
-    parser.add_argument("--lr", type=float, default=2e-5, help="the real and shuffled arms' lr (default 2e-5)")
+                        help="the arms and their evaluations together (default 2700 s = 45 min)")
+    parser.add_argument("--lr", type=float, default=5e-5,
+                        help="the real and shuffled arms' lr (default 5e-5, what the README's runs used)")
     parser.add_argument("--layers", type=int, default=4,
                         help="trainer.trainable_layers, also the warm start's (default 4 of 30)")
     parser.add_argument("--warm-steps", type=int, default=LookupWarm.steps,
