@@ -33,9 +33,10 @@ Phases, in order (each prints one JSON line):
 5. ``after``: the held-out pass rate of each arm's last published policy, as in 2.
 
 The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``
-(null for an arm left out), ``steps``, ``wall_s`` (whole bench, model conversion and warm start excluded) and the sizes it ran with. The
-goal (issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat within noise; with k
-samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k)) (0.044 at k = 4).
+(null for an arm left out), ``steps``, ``wall_s`` (whole bench, model conversion and warm start excluded) and
+the sizes it ran with. The goal (issue 34): ``heldout_after - heldout_before >= 0.2`` with both controls flat
+within noise; with k samples of 32 instances one pass rate's standard error is at most sqrt(0.25 / (32 k))
+(0.044 at k = 4).
 
     .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700]
         [--warm-steps 16] [--warm-drawn-values N] [--arms real,lr0,shuffled] [--measure-only] [--tune LR,LR]
