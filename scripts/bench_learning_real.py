@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hpc.cli.demo_model import LookupWarm, lookup_warm_model  # noqa: E402
+from hpc.config.inference import CPU_MAX_BATCH  # noqa: E402
 from hpc.metrics import read_metrics  # noqa: E402
 from train_node.infer.warm import MARKER as WARM_MARKER  # noqa: E402
 
@@ -75,10 +76,12 @@ ARM_BUDGET_S = 1200.0  # no arm trains longer than 20 minutes
 # the top blocks train at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only in what it
 # names); the CPU engine keeps each finished turn's KV, so an episode's next turn forwards only its new tokens
 # (measured here: a training step 77 s with it, a 32-episode evaluation 152-203 s; 1.48x on bench_inference's
-# SmolLM2 conversations).
+# SmolLM2 conversations). One episode per micro-batch (``micro_batch_tokens`` under two episodes of ~340 tokens):
+# the trainer's sdpa attention computes a packed micro-batch's block-diagonal mask densely, so packing the step's
+# 5.5k tokens into two micro-batches of 4096 cost 29 s a step, one episode each 17.8 s (same episodes, 2026-12-07).
 COMMON = (
     "rollout.max_tokens=1024", "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",
-    "trainer.micro_batch_tokens=4096", "trainer.checkpoint_every=1000", "inference.cpu_prefix_cache_mb=1024",
+    "trainer.micro_batch_tokens=512", "trainer.checkpoint_every=1000", "inference.cpu_prefix_cache_mb=1024",
 )
 ARMS = {"real": (), "lr0": ("trainer.lr=0",), "shuffled": ("algorithm.control_shuffle_rewards=true",)}
 
@@ -126,18 +129,22 @@ def warm_spec(args: argparse.Namespace) -> LookupWarm:
                       drawn_values=args.warm_drawn_values)
 
 
-def rollout_overrides(args: argparse.Namespace) -> list[str]:
-    """The agent's prompt and budget: the warm start's, so the model is prompted as it was fitted."""
+def rollout_overrides(args: argparse.Namespace, episodes: int) -> list[str]:
+    """The agent's prompt and budget: the warm start's, so the model is prompted as it was fitted. And a phase's
+    ``episodes`` (a step's, an evaluation's) run together, up to the engine's batch: the demo's 8 ran a training
+    step's 16 in two waves (a step 81.8 s; 61.2 s in one wave, the same episodes, 2026-12-07)."""
     w = warm_spec(args)
     return [f"rollout.system_prompt={w.system_prompt}", f"rollout.max_turns={w.max_turns}",
             f"rollout.max_new_tokens_per_turn={w.max_new_tokens_per_turn}",
-            f"rollout.observation_max_tokens={w.observation_max_tokens}"]
+            f"rollout.observation_max_tokens={w.observation_max_tokens}",
+            f"rollout.run_workers={min(episodes, CPU_MAX_BATCH)}"]
 
 
 def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[str]:
     """A training phase on ``builtin-lookup`` (enough epochs for ``steps``)."""
     epochs = math.ceil(steps * args.groups_per_step / 64) + 1
-    return [*COMMON, *rollout_overrides(args), f"model.path={model}", f"tasks.source={TRAIN}", "tasks.order=shuffle", f"tasks.epochs={epochs}",
+    return [*COMMON, *rollout_overrides(args, args.group_size * args.groups_per_step), f"model.path={model}",
+            f"tasks.source={TRAIN}", "tasks.order=shuffle", f"tasks.epochs={epochs}",
             f"run.seed={args.seed}", f"tasks.shuffle_seed={args.seed}", f"trainer.lr={args.lr}",
             f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.group_size}",
             f"algorithm.groups_per_step={args.groups_per_step}",
@@ -148,7 +155,8 @@ def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[s
 def eval_overrides(policy: Path, tokenizer: Path, args: argparse.Namespace, source: str = HELDOUT) -> list[str]:
     """An evaluation, k samples each of the first 32 instances of ``source`` (all of the held-out set; the
     training set's first half when ``--tune`` chooses the lr), as one lr = 0 step (nothing changes)."""
-    return [*COMMON, *rollout_overrides(args), f"model.path={policy}", f"model.tokenizer_path={tokenizer}", f"tasks.source={source}",
+    return [*COMMON, *rollout_overrides(args, HELDOUT_INSTANCES * args.k), f"model.path={policy}",
+            f"model.tokenizer_path={tokenizer}", f"tasks.source={source}",
             "tasks.order=file", "tasks.epochs=1", f"run.seed={args.seed}", "trainer.lr=0",
             f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.k}",
             f"algorithm.groups_per_step={HELDOUT_INSTANCES}", f"trainer.max_tasks_outstanding={HELDOUT_INSTANCES}",
@@ -282,14 +290,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tune", type=lambda v: [float(x) for x in v.split(",")], metavar="LR[,LR...]",
                         help="choose the lr on the training set (see tune()), print it and stop; held-out untouched")
-    parser.add_argument("--arms", type=_arms, default=list(ARMS), metavar="ARM[,ARM...]",
+    parser.add_argument("--arms", type=_arms, metavar="ARM[,ARM...]",
                         help=f"which arms to run, of {','.join(ARMS)} (default all; the last line gives null for an "
                         "arm left out)")
     parser.add_argument("--measure-only", action="store_true",
                         help="stop after the warm start, the held-out pass rate before RL and one timed training "
                         "step (what a loaded machine affords)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every phase")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tune and args.arms is not None:
+        parser.error("--arms has no effect with --tune, which trains the real arm only: leave one of them out")
+    args.arms = args.arms or list(ARMS)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: imports are by package path
 
 from hpc.trajectory import Status, Trajectory  # noqa: E402
 from tests.trainer.helpers import free_port, make_group, make_run, run_config, write_groups  # noqa: E402

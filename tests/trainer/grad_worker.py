@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: imports are by package path
 
 from hpc.config import AlgorithmConfig  # noqa: E402
 from tests.trainer.helpers import run_config  # noqa: E402

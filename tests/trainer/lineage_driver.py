@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: imports are by package path
 
 from tests.trainer.helpers import make_group, make_run, run_config, standard_groups, write_groups  # noqa: E402
 from tests.trainer.resume_driver import train  # noqa: E402

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: imports are by package path
 
 from tests.trainer.helpers import free_port, make_run, run_config, standard_groups, write_groups  # noqa: E402
 

@@ -39,6 +39,9 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
             (warm.system_prompt, warm.max_turns, warm.max_new_tokens_per_turn)
     assert ev.inference.temperature == load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(
         model, args, 1)]).inference.temperature, "evaluated at the run's temperature"
+    # a phase's episodes run together (a step's 16; an evaluation's 96, up to the engine's batch of 32)
+    assert real["rollout"]["run_workers"] == args.group_size * args.groups_per_step == 16
+    assert ev.rollout.run_workers == 32 == ev.inference.cpu_max_batch
 
 
 def test_sizing_fits_the_budget_and_caps_each_arm_at_20_minutes() -> None:
@@ -102,6 +105,10 @@ def test_arms_runs_the_named_arms_in_the_bench_order_and_sizes_for_them(capsys: 
         with pytest.raises(SystemExit):
             bench.parse_args(["--arms", bad])
     assert "choose from real, lr0, shuffled" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --tune trains the real arm only: --arms beside it would be ignored
+        bench.parse_args(["--tune", "5e-5", "--arms", "real,lr0,shuffled"])
+    assert "--arms has no effect with --tune" in capsys.readouterr().err
+    assert bench.parse_args(["--tune", "5e-5"]).arms == ["real", "lr0", "shuffled"]
     one = bench.parse_args(["--arms", "shuffled"])
     assert bench.size_steps(77.1, 203.0, one) == 15  # one arm: 20 min cap, not a third of the 45
     assert bench.size_steps(77.1, 203.0, bench.parse_args([])) == 9
