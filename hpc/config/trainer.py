@@ -15,7 +15,10 @@ class TrainerConfig:
     precision: Literal["bf16", "fp32"] = knob("bf16", doc="training precision (fp16 is not supported)")
     total_steps: int = knob(100, doc="trainer steps of the run (one batch and one published policy version each; "
                             "algorithm.minibatches optimizer updates per step)", min=1, resumable=True)
-    micro_batch_tokens: int = knob(4096, doc="tokens per packed micro-batch per rank", min=16)
+    micro_batch_tokens: int = knob(
+        4096, doc="tokens per packed micro-batch per rank; each sequence attends only to itself, "
+        "at the attention cost of its own length (of the whole micro-batch, through sdpa's block-diagonal mask, for "
+        "models with sliding-window or soft-capped attention)", min=16)
     lr: float = knob(1e-6, doc="peak learning rate", min=0.0)
     weight_decay: float = knob(0.0, doc="AdamW weight decay", min=0.0)
     warmup_steps: int = knob(0, doc="linear warm-up steps", min=0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from train_node.trainer.attention import PACKED_SDPA, register
 from train_node.trainer.loss import token_logprobs
 from train_node.trainer.packing import Sample, build_micro_batch, plan_step
 
@@ -64,13 +65,16 @@ def test_alignment_targets_mask_behaviour() -> None:
     assert mb.inv_temperature.tolist() == [2, 2, 2, 2, 1, 1, 1]
 
 
-def test_packed_forward_equals_separate_forwards() -> None:
+@pytest.mark.parametrize("attention", ["sdpa", PACKED_SDPA])
+def test_packed_forward_equals_separate_forwards(attention: str) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    register()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
         Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, tie_word_embeddings=True), dtype=torch.float32, attn_implementation="sdpa").eval()
+                    num_key_value_heads=2, tie_word_embeddings=True), dtype=torch.float32,
+        attn_implementation=attention).eval()
     samples = _samples(5, seed=1)
     mb = build_micro_batch(samples)
     with torch.no_grad():

@@ -20,6 +20,9 @@ Guarantees:
 - ``trainer.freeze_embeddings``: the input embeddings and lm_head get no gradient and are not in the
   optimizer; they are still in every checkpoint and published policy (unchanged).
 - ``trainer.trainable_layers``: the same for everything below the top N blocks (``layers.py``).
+- Packed micro-batches cost attention per sequence, not per micro-batch: each sequence attends only to itself,
+  computed alone (``attention.py``) for models whose layers are all plain causal attention, through ``sdpa``'s
+  block-diagonal mask for the rest.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch.utils.checkpoint
 
 from hpc.config import AlgorithmConfig, TrainerConfig
 from hpc.errors import SpoolrlError
+from train_node.trainer import attention as packed_attention
 from train_node.trainer.dist_env import DistEnv, free_port
 from train_node.trainer.faults import fault_point
 from train_node.trainer.layers import train_top_layers
@@ -113,15 +117,24 @@ def _skip_shm_comm_op() -> None:
 
 
 def load_model(model_dir: str | Path, precision: str, activation_checkpointing: bool) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    """The trainer's model: dropout off, and each packed sequence's attention computed alone
+    (:mod:`~train_node.trainer.attention`) where the model's attention allows it, ``sdpa`` otherwise."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+    attention = attention_impl(AutoConfig.from_pretrained(str(model_dir)))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=attention)
     disable_dropout(model)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return model
+
+
+def attention_impl(config: Any) -> str:
+    """``attn_implementation`` for the trainer's models of this config: the packed per-sequence attention when it
+    computes the same thing as ``sdpa`` (:func:`~train_node.trainer.attention.fits`), else ``sdpa``."""
+    return packed_attention.register() if packed_attention.fits(config) else "sdpa"
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
