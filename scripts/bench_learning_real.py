@@ -73,12 +73,13 @@ TRAIN, HELDOUT = "builtin-lookup", "builtin-lookup-heldout"
 HELDOUT_INSTANCES = 32
 ARM_BUDGET_S = 1200.0  # no arm trains longer than 20 minutes
 # Overrides on top of the demo's defaults (hpc/cli/demo_run.py), for every phase (with :func:`rollout_overrides`):
-# the top blocks train at a fixed lr (no KL term, no KL-adaptive lr: a control arm must differ only in what it
-# names); the CPU engine keeps each finished turn's KV, so an episode's next turn forwards only its new tokens
+# the top blocks train at a fixed lr (no KL-adaptive lr: a control arm must differ only in what it names; the
+# training phases add the KL anchor, :func:`train_overrides`); the CPU engine keeps each finished turn's KV, so an episode's next turn forwards only its new tokens
 # (measured here: a training step 77 s with it, a 32-episode evaluation 152-203 s; 1.48x on bench_inference's
 # SmolLM2 conversations). One episode per micro-batch (``micro_batch_tokens`` under two episodes of ~340 tokens):
-# the trainer's sdpa attention computes a packed micro-batch's block-diagonal mask densely, so packing the step's
-# 5.5k tokens into two micro-batches of 4096 cost 29 s a step, one episode each 17.8 s (same episodes, 2026-12-07).
+# chosen when the trainer's attention over a packed micro-batch was dense (sdpa's block-diagonal mask): the step's
+# 5.5k tokens in two micro-batches of 4096 cost 29 s a step, one episode each 17.8 s (same episodes, 2026-12-07).
+# The trainer now computes each packed sequence's attention alone (train_node/trainer/attention.py).
 COMMON = (
     "rollout.max_tokens=1024", "trainer.target_kl=0", "algorithm.kl_coef=0", "algorithm.advantage_norm=group_mean",
     "trainer.micro_batch_tokens=512", "trainer.checkpoint_every=1000", "inference.cpu_prefix_cache_mb=1024",
@@ -149,7 +150,15 @@ def train_overrides(model: Path, args: argparse.Namespace, steps: int) -> list[s
             f"trainer.trainable_layers={args.layers}", f"algorithm.group_size={args.group_size}",
             f"algorithm.groups_per_step={args.groups_per_step}",
             f"trainer.max_tasks_outstanding={args.groups_per_step}", f"inference.temperature={args.temperature}",
-            *args.overrides]
+            *kl_overrides(args), *args.overrides]
+
+
+def kl_overrides(args: argparse.Namespace) -> list[str]:
+    """Every arm's pull back to the warm start (``--kl-coef``, the exact forward KL over the vocabulary; none at 0).
+    Without it the shuffled-rewards control is not flat: its credit-free steps, as large as the real arm's, walked
+    the policy down (held-out 0.391 -> 0.1875 in 24 steps, 2026-12-07); with 0.1 it stayed within noise (0.344)
+    and the real arm gained as much as without (0.547)."""
+    return [f"algorithm.kl_coef={args.kl_coef}", "algorithm.kl_estimator=forward"] if args.kl_coef > 0 else []
 
 
 def eval_overrides(policy: Path, tokenizer: Path, args: argparse.Namespace, source: str = HELDOUT) -> list[str]:
@@ -274,6 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the arms and their evaluations together (default 2700 s = 45 min)")
     parser.add_argument("--lr", type=float, default=5e-5,
                         help="the real and shuffled arms' lr (default 5e-5, what the README's runs used)")
+    parser.add_argument("--kl-coef", type=float, default=0.1,
+                        help="every arm's forward-KL pull to the warm start, algorithm.kl_coef (default 0.1; 0: none, "
+                        "as before 2026-12-07)")
     parser.add_argument("--layers", type=int, default=4,
                         help="trainer.trainable_layers, also the warm start's (default 4 of 30)")
     parser.add_argument("--warm-steps", type=int, default=LookupWarm.steps,
@@ -300,6 +312,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tune and args.arms is not None:
         parser.error("--arms has no effect with --tune, which trains the real arm only: leave one of them out")
+    if not math.isfinite(args.kl_coef) or args.kl_coef < 0:
+        parser.error(f"--kl-coef must be a finite number >= 0 (0: no KL term), not {args.kl_coef}")
     args.arms = args.arms or list(ARMS)
     return args
 

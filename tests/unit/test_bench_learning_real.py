@@ -21,7 +21,12 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
             for name, extra in bench.ARMS.items()}
     real = arms["real"]
     assert real["tasks"]["source"] == "builtin-lookup" and real["trainer"]["trainable_layers"] == 2
-    assert real["trainer"]["lr"] == args.lr > 0 and real["algorithm"]["kl_coef"] == 0
+    assert real["trainer"]["lr"] == args.lr > 0
+    # every arm is pulled to the warm start by the same exact forward KL; the evaluations have none
+    assert (real["algorithm"]["kl_coef"], real["algorithm"]["kl_estimator"]) == (0.1, "forward") == \
+        (arms["shuffled"]["algorithm"]["kl_coef"], arms["shuffled"]["algorithm"]["kl_estimator"])
+    no_kl = load_config(None, [*DEMO_OVERRIDES, *bench.train_overrides(model, bench.parse_args(["--kl-coef", "0"]), 1)])
+    assert no_kl.algorithm.kl_coef == 0
     assert arms["lr0"]["trainer"]["lr"] == 0 and arms["shuffled"]["algorithm"]["control_shuffle_rewards"]
 
     def differing(a: dict, b: dict) -> set[str]:
@@ -32,6 +37,7 @@ def test_phases_are_valid_demo_configs_and_arms_differ_only_in_their_control(tmp
     ev = load_config(None, [*DEMO_OVERRIDES, *bench.eval_overrides(model, model, args)])
     assert ev.tasks.source == "builtin-lookup-heldout" and ev.trainer.lr == 0 and ev.algorithm.group_size == 3
     assert ev.algorithm.groups_per_step == 32 and ev.tasks.epochs == 1 and not ev.algorithm.drop_zero_variance
+    assert ev.algorithm.kl_coef == 0
     warm = bench.warm_spec(args)  # every phase prompts the model as the format warm start fitted it
     assert warm.trainable_layers == 2 and warm.steps == args.warm_steps
     for rollout in (real["rollout"], to_dict(ev)["rollout"]):
@@ -112,3 +118,11 @@ def test_arms_runs_the_named_arms_in_the_bench_order_and_sizes_for_them(capsys: 
     one = bench.parse_args(["--arms", "shuffled"])
     assert bench.size_steps(77.1, 203.0, one) == 15  # one arm: 20 min cap, not a third of the 45
     assert bench.size_steps(77.1, 203.0, bench.parse_args([])) == 9
+
+
+@pytest.mark.parametrize("bad", ["-0.1", "nan", "inf"])
+def test_kl_coef_must_be_finite_and_not_negative(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("bench_learning_real")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--kl-coef", bad])
+    assert "--kl-coef must be a finite number >= 0" in capsys.readouterr().err
