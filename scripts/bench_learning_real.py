@@ -29,7 +29,9 @@ Phases, in order (each prints one JSON line):
    ``builtin-lookup`` (64 instances):
    ``real``; ``lr0`` (``trainer.lr=0``: the loop without learning); ``shuffled``
    (``algorithm.control_shuffle_rewards=true``, a bench-only control: each step's rewards are permuted
-   across its episodes before the advantages, so the step carries as much gradient but no credit).
+   across its episodes before the advantages, so the step carries as much gradient but no credit). Every arm's
+   training is pulled to the warm start by the exact forward KL, ``--kl-coef`` (default 0.1; 0: none), so that
+   credit-free steps cannot walk the shuffled control away from it; the evaluations have no KL term.
 5. ``after``: the held-out pass rate of each arm's last published policy, as in 2.
 
 The last line is one JSON object: ``heldout_before``, ``heldout_after``, ``lr0_after``, ``shuffled_after``
@@ -39,7 +41,8 @@ within noise; with k samples of 32 instances one pass rate's standard error is a
 (0.044 at k = 4).
 
     .venv/bin/python scripts/bench_learning_real.py [--out DIR] [--k 4] [--steps N] [--budget-s 2700]
-        [--warm-steps 16] [--warm-drawn-values N] [--arms real,lr0,shuffled] [--measure-only] [--tune LR,LR]
+        [--warm-steps 16] [--warm-drawn-values N] [--arms real,lr0,shuffled] [--kl-coef 0.1] [--measure-only]
+        [--tune LR,LR]
         [key=value ...]
 
 ``--tune 1e-4,4e-4`` is the step before: each lr trains the real arm ``--steps`` (default 4) steps and is
