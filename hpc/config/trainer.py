@@ -17,8 +17,8 @@ class TrainerConfig:
                             "algorithm.minibatches optimizer updates per step)", min=1, resumable=True)
     micro_batch_tokens: int = knob(
         4096, doc="tokens per packed micro-batch per rank; each sequence attends only to itself, "
-        "at the attention cost of its own length (of the whole micro-batch, through sdpa's block-diagonal mask, for "
-        "models with sliding-window or soft-capped attention)", min=16)
+        "at the attention cost of its own length for Llama, Qwen2/3 and Mistral models without a sliding window (of "
+        "the whole micro-batch, through sdpa's block-diagonal mask, for the rest)", min=16)
     lr: float = knob(1e-6, doc="peak learning rate", min=0.0)
     weight_decay: float = knob(0.0, doc="AdamW weight decay", min=0.0)
     warmup_steps: int = knob(0, doc="linear warm-up steps", min=0)

@@ -10,24 +10,28 @@ import numpy as np
 import pytest
 import torch
 
-from train_node.trainer.attention import PACKED_SDPA, fits, register, sequence_bounds
+from train_node.trainer.attention import FAMILIES, PACKED_SDPA, fits, register, sequence_bounds
 from train_node.trainer.engine import load_model
 
 
-def _tiny(**kw: Any) -> Any:
-    from transformers import Qwen2Config
+def _tiny(family: str = "qwen2", **kw: Any) -> Any:
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    return Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, **kw)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[family]
+    if family == "mistral":
+        kw.setdefault("sliding_window", None)
+    return cls(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, tie_word_embeddings=True, **kw)
 
 
-def test_fits_only_plain_causal_full_attention() -> None:
-    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+def test_fits_only_checked_families_with_plain_causal_full_attention() -> None:
+    from transformers import Gemma2Config, GPTNeoXConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     assert fits(LlamaConfig()) and fits(Qwen2Config()) and fits(Qwen3Config()) and fits(MistralConfig(sliding_window=None))
     assert not fits(MistralConfig(sliding_window=4096))  # a window on every layer
     assert not fits(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
     assert not fits(Gemma2Config())  # alternating sliding layers and logit softcapping
+    assert not fits(GPTNeoXConfig())  # plain causal attention, but a family nobody checked: sdpa with the mask
 
 
 def test_sequence_bounds_from_restarting_positions() -> None:
@@ -59,18 +63,21 @@ def _packed_row(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.
     return ids, pos
 
 
-def test_same_logits_and_gradients_as_sdpa_with_the_packed_mask() -> None:
-    """Forward and backward of one packed row of five sequences (one of a single token): the per-sequence attention
-    against transformers' ``sdpa`` with its block-diagonal mask, same weights. A sequence attending past its own start
-    (the bug packing must not have) would change the logits of every sequence after the first."""
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_same_logits_and_gradients_as_sdpa_with_the_packed_mask(family: str) -> None:
+    """Forward and backward of one packed row of five sequences (one of a single token), for every family the trainer
+    gives the packed attention: the per-sequence attention against transformers' ``sdpa`` with its block-diagonal mask,
+    same weights. A sequence attending past its own start (the bug packing must not have) would change the logits of
+    every sequence after the first."""
     from transformers import AutoModelForCausalLM
 
     register()
-    torch.manual_seed(0)
+    assert fits(_tiny(family))
     models = {}
     for name in ("sdpa", PACKED_SDPA):
         torch.manual_seed(0)
-        models[name] = AutoModelForCausalLM.from_config(_tiny(), dtype=torch.float64, attn_implementation=name)
+        models[name] = AutoModelForCausalLM.from_config(_tiny(family), dtype=torch.float64,
+                                                        attn_implementation=name)
     ids, pos = _packed_row([17, 1, 40, 9, 33])
     logits, grads = {}, {}
     for name, model in models.items():

@@ -3,15 +3,15 @@
 The trainer packs several sequences into one row (``trainer.micro_batch_tokens``) with ``position_ids`` that restart
 at each sequence. Under transformers' ``sdpa`` that row gets a dense ``[T, T]`` block-diagonal mask, so attention
 costs ``T^2`` for the row however short its sequences are (a micro-batch of 16 episodes of 340 tokens pays 16 times
-the attention its episodes need), and the masked kernel is slower than the causal one besides.
+the attention its episodes need).
 
 ``packed_sdpa_attention`` is registered with transformers as :data:`PACKED_SDPA`: it finds the sequences from the
 ``position_ids`` the decoder layers pass to every attention call and runs causal
 ``scaled_dot_product_attention`` on each alone, ``sum(L_i^2)`` instead of ``T^2``; the linear layers still see the
 whole packed row. No mask is built for it (its mask function returns None). It is the same attention, only cheaper:
-:func:`train_node.trainer.engine.load_model` picks it for models whose layers are all plain causal full attention
-(:func:`fits`), and ``sdpa`` for the rest (sliding windows, logit softcapping), where dropping the mask would change
-the result.
+:func:`train_node.trainer.engine.load_model` picks it for the model families whose attention it was checked against
+(:data:`FAMILIES`, ``tests/trainer/test_attention.py``) when every layer is plain causal full attention (:func:`fits`),
+and ``sdpa`` for the rest (other families; sliding windows), where the mask stays.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from typing import Any
 import torch
 
 PACKED_SDPA = "spoolrl_packed_sdpa"
+# transformers model types whose decoder layers pass position_ids to the attention function and whose logits and
+# gradients under PACKED_SDPA were checked equal to sdpa's with the packed mask (tests/trainer/test_attention.py)
+FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[int]:
@@ -67,9 +70,12 @@ def _no_mask(*_args: Any, batch_size: int = 1, attention_mask: torch.Tensor | No
 
 
 def fits(config: Any) -> bool:
-    """Whether every layer of a model with this config is plain causal full attention, so that
-    :func:`packed_sdpa_attention` computes exactly what ``sdpa`` with transformers' packed mask does."""
+    """Whether a model with this config is of a checked family (:data:`FAMILIES`) and every layer is plain causal
+    full attention, so that :func:`packed_sdpa_attention` computes exactly what ``sdpa`` with transformers' packed
+    mask does."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "model_type", None) not in FAMILIES:
+        return False
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
         return False
     if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "is_encoder_decoder", False):

@@ -20,9 +20,9 @@ Guarantees:
 - ``trainer.freeze_embeddings``: the input embeddings and lm_head get no gradient and are not in the
   optimizer; they are still in every checkpoint and published policy (unchanged).
 - ``trainer.trainable_layers``: the same for everything below the top N blocks (``layers.py``).
-- Packed micro-batches cost attention per sequence, not per micro-batch: each sequence attends only to itself,
-  computed alone (``attention.py``) for models whose layers are all plain causal attention, through ``sdpa``'s
-  block-diagonal mask for the rest.
+- Each sequence of a packed micro-batch attends only to itself: computed one sequence at a time (``attention.py``)
+  for the families checked there (Llama, Qwen2/3, Mistral) without sliding windows, through ``sdpa``'s
+  block-diagonal mask over the whole micro-batch for the rest.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _skip_shm_comm_op() -> None:
 
 def load_model(model_dir: str | Path, precision: str, activation_checkpointing: bool) -> torch.nn.Module:
     """The trainer's model: dropout off, and each packed sequence's attention computed alone
-    (:mod:`~train_node.trainer.attention`) where the model's attention allows it, ``sdpa`` otherwise."""
+    (:mod:`~train_node.trainer.attention`) where that is checked to equal ``sdpa``, ``sdpa`` otherwise."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
