@@ -95,15 +95,23 @@ def test_same_logits_and_gradients_as_sdpa_with_the_packed_mask(family: str) -> 
     assert not torch.allclose(whole[0, 18:], logits[PACKED_SDPA][0, 18:], atol=1e-3)
 
 
-def test_refuses_what_it_cannot_honour() -> None:
-    """A padded batch through the packed attention would silently attend to padding: refused, naming the fix."""
+def test_batches_and_refuses_what_it_cannot_honour() -> None:
+    """Unpadded batches equal sdpa's; a padded one through the packed attention would silently attend to padding:
+    refused, naming the fix."""
     from transformers import AutoModelForCausalLM
 
     register()
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_tiny(), attn_implementation=PACKED_SDPA)
+    torch.manual_seed(0)
+    dense = AutoModelForCausalLM.from_config(_tiny(), attn_implementation="sdpa")
     ids = torch.randint(3, 300, (2, 6))
-    with pytest.raises(RuntimeError, match="attn_implementation='sdpa'"):
-        model(input_ids=ids, use_cache=False)
+    # an unpadded batch (what test_learns samples with) is causal attention per row, as under sdpa
+    assert torch.allclose(model(input_ids=ids, use_cache=False).logits, dense(input_ids=ids, use_cache=False).logits,
+                          atol=1e-5)
+    packed_pos = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]])  # one row packs two sequences
+    assert torch.allclose(model(input_ids=ids, position_ids=packed_pos, use_cache=False).logits,
+                          dense(input_ids=ids, position_ids=packed_pos, use_cache=False).logits, atol=1e-5)
     padded = torch.ones(1, 6, dtype=torch.long)
     padded[0, :2] = 0
     with pytest.raises(RuntimeError, match="padding"):

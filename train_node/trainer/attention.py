@@ -37,12 +37,13 @@ def sequence_bounds(position_ids: torch.Tensor) -> list[int]:
 def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention of each packed sequence alone; ``query`` ``[1, H, T, D]``, ``key``/``value`` ``[1, Hkv, T, D]``;
-    returns ``[1, T, H, D]`` as transformers' attention functions do."""
+    """Causal attention of each packed sequence alone; ``query`` ``[B, H, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``;
+    returns ``[B, T, H, D]`` as transformers' attention functions do. Rows without a restart (an unpadded batch of
+    single sequences) take one causal call together."""
     position_ids = kwargs.get("position_ids")
-    if position_ids is None or query.shape[0] != 1 or attention_mask is not None or key.shape[2] != query.shape[2]:
+    if position_ids is None or attention_mask is not None or key.shape[2] != query.shape[2]:
         raise RuntimeError(
-            f"{PACKED_SDPA}: expected one packed row with its position_ids and no cache or mask (got batch "
+            f"{PACKED_SDPA}: expected packed rows with their position_ids and no cache or mask (got batch "
             f"{query.shape[0]}, query length {query.shape[2]}, key length {key.shape[2]}, position_ids "
             f"{'missing' if position_ids is None else 'given'}, mask {'given' if attention_mask is not None else 'none'})"
             f"; {type(module).__name__} does not pass what the trainer's packed attention needs: load this model with "
@@ -51,21 +52,28 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise RuntimeError(f"{PACKED_SDPA}: {type(module).__name__} is not causal; load it with attn_implementation="
                            f"'sdpa'")
     gqa = query.shape[1] != key.shape[1]
-    bounds = sequence_bounds(position_ids)
-    outs = [torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True,
-        enable_gqa=gqa) for s, e in zip(bounds, bounds[1:], strict=False)]
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling,
+                                                                is_causal=True, enable_gqa=gqa)
+
+    pos = position_ids.expand(query.shape[0], -1)
+    rows = [sequence_bounds(p) for p in pos]
+    if all(len(b) == 2 for b in rows):
+        out = causal(query, key, value)
+    else:
+        out = torch.cat([torch.cat([causal(query[i:i + 1, :, s:e], key[i:i + 1, :, s:e], value[i:i + 1, :, s:e])
+                                    for s, e in zip(b, b[1:], strict=False)], dim=2) for i, b in enumerate(rows)])
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*_args: Any, batch_size: int = 1, attention_mask: torch.Tensor | None = None, **_kwargs: Any) -> None:
+def _no_mask(*_args: Any, attention_mask: torch.Tensor | None = None, **_kwargs: Any) -> None:
     """No ``[T, T]`` mask: :func:`packed_sdpa_attention` finds the sequences itself. A padding mask cannot be
     honoured that way, so one that masks anything is refused rather than dropped."""
-    if batch_size != 1 or (attention_mask is not None and not bool(attention_mask.all())):
-        raise RuntimeError(f"{PACKED_SDPA}: the trainer's packed attention takes one packed row with no padding (got "
-                           f"batch {batch_size}, a padding mask {'that masks tokens' if attention_mask is not None else 'none'}); "
-                           f"load this model with attn_implementation='sdpa' for padded batches")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise RuntimeError(f"{PACKED_SDPA}: the trainer's packed attention takes unpadded rows, and this call's "
+                           f"padding mask masks tokens; load this model with attn_implementation='sdpa' for padded "
+                           f"batches")
     return None
 
 
