@@ -39,6 +39,9 @@ from tests.harness.conftest import spoolrl
 from tests.pipeline.readback import written
 from train_node.trainer.consumer import Consumer
 
+# one test at a time (scripts/test.sh): harness_processes() looks at every process on the machine
+pytestmark = pytest.mark.serial
+
 TASK = "spoolrl__intervals-1"
 RIGHT_FIX = bash("sed -i 's/self.start <= x <= self.end/self.start <= x < self.end/' intervals/interval.py")
 WRONG_FIX = bash("sed -i 's/self.start <= x <= self.end/self.start < x <= self.end/' intervals/interval.py")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,17 @@ async def process(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             return resp.status, await resp.json()
 
 
-def test_process_runs_the_harness_and_answers_with_every_segment(tmp_path: Path, standin_prefix: Path) -> None:
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """The node's scratch directory, short: the gateway's socket path under it must fit a Unix socket's 107
+    bytes, which a pytest-xdist worker's tmp_path (one directory deeper) leaves no room for."""
+    path = Path(tempfile.mkdtemp(prefix="spoolrl-svc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_process_runs_the_harness_and_answers_with_every_segment(tmp_path: Path, scratch: Path,
+                                                                 standin_prefix: Path) -> None:
     model = tmp_path / "model"
     subprocess.run([sys.executable, "-m", "hpc.cli", "tiny-model", str(model)], check=True, capture_output=True)
     llm = scripted_llm(Tokenizer.from_file(str(model / "tokenizer.json")))
@@ -61,7 +74,7 @@ def test_process_runs_the_harness_and_answers_with_every_segment(tmp_path: Path,
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc.cli", "rollout-server", "--run", str(tmp_path / "run"), "--host", "127.0.0.1",
          "--port", "0", "--trust-network", "127.0.0.1/32", f"model.path={model}",
-         f"sandbox.scratch_dir={tmp_path / 'scratch'}", "trainer.precision=fp32", "slurm.train.gpus_per_node=0",
+         f"sandbox.scratch_dir={scratch}", "trainer.precision=fp32", "slurm.train.gpus_per_node=0",
          "spool.poll_interval_s=0.1", "spool.heartbeat_interval_s=1", "rollout.metrics_interval_s=0.5",
          "inference.max_retries=0", "rollout.max_retries=0", "rollout.policy=harness",
          f"rollout.harness.prefix={standin_prefix}", "rollout.harness.command=standin-harness",

@@ -13,6 +13,9 @@ import pytest
 
 from tests.sandbox.sbx_helpers import json_lines, need_runtime
 
+# one test at a time (scripts/test.sh): its checks look for survivors among every process on the machine
+pytestmark = pytest.mark.serial
+
 ALL = ["network", "write_outside", "read_home", "env_secret", "fork_bomb", "memory_hog", "endless_output",
        "sleep_forever", "kill_tool_server", "background_left_behind", "file_tool_symlinks"]
 LOCAL = ["env_secret", "memory_hog", "endless_output", "sleep_forever", "kill_tool_server",

@@ -21,6 +21,9 @@ import pytest
 
 from tests.sandbox.sbx_helpers import json_lines, need_runtime
 
+# one test at a time (scripts/test.sh): its neighbours' latency is measured against its own quiet windows
+pytestmark = pytest.mark.serial
+
 COMBOS = [
     pytest.param("bwrap", "root", marks=pytest.mark.sandbox, id="bwrap-root"),
     pytest.param("bwrap", "user", marks=pytest.mark.sandbox, id="bwrap-user"),
