@@ -126,6 +126,51 @@ def test_the_prefix_cache_serves_an_agents_next_turn_exactly(models: dict[str, P
         engine.close()
 
 
+class HitRecorder(SteppedEngine):
+    """Records how many prefix-cache hits each continuation prefill forwarded together."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.hit_batches: list[int] = []
+        super().__init__(*args, **kwargs)
+
+    def _prefill_after(self, hits: Any) -> Any:
+        self.hit_batches.append(len(hits))
+        return super()._prefill_after(hits)
+
+
+def test_next_turns_admitted_together_are_prefilled_in_one_forward_and_exact(models: dict[str, Path]) -> None:
+    """Three agents' next turns (cached prefixes of 71, 43 and 27 tokens, then 40, 7 and 23 new ones) and an
+    unrelated prompt join a running sequence in one admission: the three continuations go through one
+    forward, padded inside as well as on the left, and every logprob still matches HF's forward pass."""
+    engine = HitRecorder(load_model(models["a"], 0), max_batch=8, prefix_cache_mb=64)
+    try:
+        firsts = [_run(engine, _seq(list(range(30 + 100 * i, 30 + 100 * i + n)), 12, i))
+                  for i, n in enumerate((60, 32, 16))]
+        nexts = [_seq(list(f.prompt) + f.token_ids + list(range(500 + j, 500 + j + extra)), 10, 10 + j)
+                 for j, (f, extra) in enumerate(zip(firsts, (40, 7, 23), strict=True))]
+        other = _seq(list(range(900, 950)), 6, 20)
+        hits, forwarded = engine.prefix.hits, engine.prefilled_tokens
+        anchor = _seq([5] * 20, 30, 9)
+        engine.on_step = StepCounter(at=3, action=lambda: engine.submit([*nexts, other]))  # in the engine's thread
+        engine.submit([anchor])
+        for s in [anchor, *nexts, other]:
+            assert s.done.wait(120) and s.error is None
+        assert engine.hit_batches[-1] == 3 and engine.prefix.hits == hits + 3
+        reused = [len(f.prompt) + len(f.token_ids) - 1 for f in firsts]  # all the first turn forwarded
+        assert engine.prefilled_tokens == forwarded + 20 + sum(
+            len(s.prompt) - r for s, r in zip(nexts, reused, strict=True)) + 50
+        for s in [anchor, *nexts, other]:
+            assert len(s.token_ids) == s.params.max_tokens and _max_diff(models["a"], s) < TOL
+        # the KV a row padded inside left in the cache is its own, column for column: a third turn reuses it
+        padded = nexts[1]  # 7 new tokens beside 40: 33 pad columns between its cached and its new tokens
+        reused_before = engine.prefix.reused_tokens
+        third = _run(engine, _seq(list(padded.prompt) + padded.token_ids + [77] * 9, 8, 30))
+        assert engine.prefix.reused_tokens - reused_before == len(padded.prompt) + len(padded.token_ids) - 1
+        assert _max_diff(models["a"], third) < TOL
+    finally:
+        engine.close()
+
+
 def test_the_prefix_cache_is_emptied_when_new_weights_serve(models: dict[str, Path]) -> None:
     """After a swap, a prompt that extends a finished one is prefilled whole by the new weights (a KV
     computed by the old weights would make the new version's logprobs wrong)."""

@@ -15,7 +15,8 @@ Guarantees:
   what else is in the batch (up to fp rounding of batched matmuls, ~1e-6 in fp32).
 - Prefix cache (``prefix_cache_mb`` > 0): the KV of a finished sequence is kept, and a new prompt
   that starts with the same tokens (an agent's next turn re-sends the whole conversation; the
-  samples of a group share their prompt) forwards only the tokens after the longest common prefix.
+  samples of a group share their prompt) forwards only the tokens after the longest common prefix;
+  the prompts that join in one step forward theirs in one pass (padded inside as well as on the left).
   Bounded in bytes, least recently used out first; emptied when new weights serve, so a reused KV
   always comes from the weights that serve (the same pitfall as above).
 """
@@ -395,19 +396,21 @@ class Engine:
         if not new:
             return
         config = self._loaded.model.config
-        misses = []
+        misses, hits = [], []
         for seq in new:
             cached = self.prefix.longest(seq.prompt) if self.prefix.enabled else None
             if cached is None:
                 misses.append(seq)
             else:
-                self._batch.merge(self._prefill_after(seq, *cached), config)
+                hits.append((seq, *cached))
+        if hits:
+            self._batch.merge(self._prefill_after(hits), config)
         if misses:
             self._batch.merge(self._prefill(misses), config)
 
     def _remember(self, finished: set[int]) -> None:
-        """Keep the KV of the rows that finished normally in the prefix cache (a copy: the batch's cache
-        is rebuilt as rows come and go)."""
+        """Keep the KV of the rows that finished normally in the prefix cache (a copy, by the index: the
+        batch's cache is rebuilt as rows come and go)."""
         if not self.prefix.enabled:
             return
         b = self._batch
@@ -418,7 +421,8 @@ class Engine:
                 continue
             n = int(b.next_pos[i])  # forwarded so far: every token but the last one sampled
             tokens = (list(row.prompt) + row.token_ids)[:n]
-            self.prefix.put(tokens, [(k[i:i + 1, :, -n:].clone(), v[i:i + 1, :, -n:].clone()) for k, v in kv])
+            cols = b.mask[i].nonzero().squeeze(1)  # its n columns: padding may sit left of them and between
+            self.prefix.put(tokens, [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in kv])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self._loaded.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
@@ -444,16 +448,31 @@ class Engine:
         batch.next_pos = mask.sum(1)
         return batch
 
-    def _prefill_after(self, row: Sequence, n: int, kv: KV) -> _Batch:
-        """Forward ``row``'s prompt after its first ``n`` tokens, whose KV the prefix cache had."""
-        length = len(row.prompt)
-        self.prefilled_tokens += length - n
-        cache = _cache_from(kv, self._loaded.model.config)
+    def _prefill_after(self, hits: list[tuple[Sequence, int, KV]]) -> _Batch:
+        """Forward each row's prompt after its first ``n`` tokens, whose KV the prefix cache had, all rows in
+        one forward. Row ``i`` is [left pad | its ``n_i`` cached tokens | inner pad | its ``m_i`` new tokens],
+        so that every row's last prompt token is in the last column (the only one whose logits are kept);
+        pad columns are masked out (as the left padding of :meth:`_prefill`) and their K/V zeroed."""
+        cached = max(n for _, n, _ in hits)
+        new = max(len(row.prompt) - n for row, n, _ in hits)
+        ids, mask, pos, layers = [], [], [], []
+        for row, n, kv in hits:
+            m = len(row.prompt) - n
+            self.prefilled_tokens += m
+            ids.append([0] * (new - m) + list(row.prompt[n:]))
+            mask.append([0] * (cached - n) + [1] * n + [0] * (new - m) + [1] * m)
+            pos.append([n] * (new - m) + list(range(n, n + m)))
+            layers.append([(_left_pad(k, cached - n, 2), _left_pad(v, cached - n, 2)) for k, v in kv])
+        config = self._loaded.model.config
+        cache = _cache_from([(torch.cat([r[i][0] for r in layers]), torch.cat([r[i][1] for r in layers]))
+                             for i in range(len(layers[0]))], config)
         batch = _Batch()
-        batch.mask = torch.ones(1, length, dtype=torch.long)
-        batch.logits = self._forward(torch.tensor([row.prompt[n:]]), batch.mask, torch.arange(n, length)[None],
-                                     cache)
-        batch.kv, batch.rows, batch.next_pos = cache, [row], torch.tensor([length])
+        batch.mask = torch.tensor(mask)
+        batch.logits = self._forward(torch.tensor(ids), batch.mask, torch.tensor(pos), cache)
+        pad = (batch.mask == 0)[:, None, :, None]
+        batch.kv = _cache_from([(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in _kv_of(cache)], config)
+        batch.rows = [row for row, _, _ in hits]
+        batch.next_pos = torch.tensor([len(row.prompt) for row in batch.rows])
         return batch
 
     def _decode(self) -> None:
