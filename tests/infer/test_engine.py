@@ -139,9 +139,10 @@ class HitRecorder(SteppedEngine):
 
 
 def test_next_turns_admitted_together_are_prefilled_in_one_forward_and_exact(models: dict[str, Path]) -> None:
-    """Three agents' next turns (cached prefixes of 71, 43 and 27 tokens, then 40, 7 and 23 new ones) and an
-    unrelated prompt join a running sequence in one admission: the three continuations go through one
-    forward, padded inside as well as on the left, and every logprob still matches HF's forward pass."""
+    """Three agents' next turns (cached prefixes of 71, 43 and 27 tokens, then 41, 8 and 24 new ones: the first
+    turn's last answer token and an observation of 40, 7 and 23) and an unrelated prompt join a running
+    sequence in one admission: the three continuations go through one forward, padded inside as well as on
+    the left, and every logprob still matches HF's forward pass."""
     engine = HitRecorder(load_model(models["a"], 0), max_batch=8, prefix_cache_mb=64)
     try:
         firsts = [_run(engine, _seq(list(range(30 + 100 * i, 30 + 100 * i + n)), 12, i))
@@ -162,7 +163,7 @@ def test_next_turns_admitted_together_are_prefilled_in_one_forward_and_exact(mod
         for s in [anchor, *nexts, other]:
             assert len(s.token_ids) == s.params.max_tokens and _max_diff(models["a"], s) < TOL
         # the KV a row padded inside left in the cache is its own, column for column: a third turn reuses it
-        padded = nexts[1]  # 7 new tokens beside 40: 33 pad columns between its cached and its new tokens
+        padded = nexts[1]  # 8 new tokens beside 41: 33 pad columns between its cached and its new tokens
         reused_before = engine.prefix.reused_tokens
         third = _run(engine, _seq(list(padded.prompt) + padded.token_ids + [77] * 9, 8, 30))
         assert engine.prefix.reused_tokens - reused_before == len(padded.prompt) + len(padded.token_ids) - 1
