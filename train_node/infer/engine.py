@@ -437,16 +437,7 @@ class Engine:
         ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
         pos = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = _cache_from([], self._loaded.model.config)
-        batch = _Batch()
-        batch.logits = self._forward(ids, mask, pos, cache)
-        # zero the pad positions' K/V so later merges never carry garbage (they stay masked out)
-        pad = (mask == 0)[:, None, :, None]
-        batch.kv = _cache_from([(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in _kv_of(cache)],
-                               self._loaded.model.config)
-        batch.rows, batch.mask = rows, mask
-        batch.next_pos = mask.sum(1)
-        return batch
+        return self._new_batch(rows, ids, mask, pos, _cache_from([], self._loaded.model.config))
 
     def _prefill_after(self, hits: list[tuple[Sequence, int, KV]]) -> _Batch:
         """Forward each row's prompt after its first ``n`` tokens, whose KV the prefix cache had, all rows in
@@ -463,16 +454,22 @@ class Engine:
             mask.append([0] * (cached - n) + [1] * n + [0] * (new - m) + [1] * m)
             pos.append([n] * (new - m) + list(range(n, n + m)))
             layers.append([(_left_pad(k, cached - n, 2), _left_pad(v, cached - n, 2)) for k, v in kv])
-        config = self._loaded.model.config
         cache = _cache_from([(torch.cat([r[i][0] for r in layers]), torch.cat([r[i][1] for r in layers]))
-                             for i in range(len(layers[0]))], config)
+                             for i in range(len(layers[0]))], self._loaded.model.config)
+        return self._new_batch([row for row, _, _ in hits], torch.tensor(ids), torch.tensor(mask), torch.tensor(pos),
+                               cache)
+
+    def _new_batch(self, rows: list[Sequence], ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                   cache: Any) -> _Batch:
+        """Forward ``ids`` after ``cache`` into a batch of ``rows``. The pad columns' K/V (mask 0) are zeroed so
+        that later merges never carry garbage (they stay masked out); each row's next position is its count of
+        real columns."""
         batch = _Batch()
-        batch.mask = torch.tensor(mask)
-        batch.logits = self._forward(torch.tensor(ids), batch.mask, torch.tensor(pos), cache)
-        pad = (batch.mask == 0)[:, None, :, None]
-        batch.kv = _cache_from([(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in _kv_of(cache)], config)
-        batch.rows = [row for row, _, _ in hits]
-        batch.next_pos = torch.tensor([len(row.prompt) for row in batch.rows])
+        batch.logits = self._forward(ids, mask, pos, cache)
+        pad = (mask == 0)[:, None, :, None]
+        batch.kv = _cache_from([(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in _kv_of(cache)],
+                               self._loaded.model.config)
+        batch.rows, batch.mask, batch.next_pos = rows, mask, mask.sum(1)
         return batch
 
     def _decode(self) -> None:
