@@ -129,16 +129,18 @@ def measure(model_dir: Path, *, episodes: int = 64, temperature: float = 0.7, se
 
     template = ChatTemplate.from_model_dir(model_dir)
     loop = AgentLoop(template, limits(temperature=temperature))
-    policy, tools = _LocalPolicy(Sampler(model_dir, seed=seed)), RepoFileTools()
+    policy = _LocalPolicy(Sampler(model_dir, seed=seed))
     tasks, rng = load_tasks("builtin-pick"), random.Random(seed)
     well_formed = correct = 0
-    for _ in range(episodes):
-        task = rng.choice(tasks)
-        tools.reset()
-        result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[system_prompt]), policy, tools)
-        ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
-        well_formed += ok
-        correct += ok and tools.written == answer_of(task)
+    with RepoFileTools() as tools:
+        for _ in range(episodes):
+            task = rng.choice(tasks)
+            tools.reset()
+            result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[system_prompt]), policy,
+                              tools)
+            ok = result.submitted and tools.written in VALUES and len(result.turns) == 2
+            well_formed += ok
+            correct += ok and tools.written == answer_of(task)
     return {"episodes": episodes, "temperature": temperature, "well_formed_share": well_formed / episodes,
             "sampled_reward": correct / episodes, "system_prompt": system_prompt,
             **expected_reward(model_dir, temperature, system_prompt)}
@@ -177,15 +179,15 @@ def measure_lookup(model_dir: Path, source: str, *, k: int = 1, temperature: flo
     template = ChatTemplate.from_model_dir(model_dir)
     loop = AgentLoop(template, warm.limits(temperature))
     policy = _LocalPolicy(Sampler(model_dir, seed=seed))
-    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value)
     passed = edited = episodes = 0
-    for task in load_tasks(source):
-        for _ in range(k):
-            tools.reset()
-            result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[warm.system_prompt]),
-                              policy, tools)
-            episodes += 1
-            edited += tools.written is not None
-            passed += bool(result.submitted) and tools.written == lookup.answer_of(task)
+    with RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value) as tools:
+        for task in load_tasks(source):
+            for _ in range(k):
+                tools.reset()
+                result = loop.run(task_messages(task.problem_statement, system=SYSTEM_PROMPTS[warm.system_prompt]),
+                                  policy, tools)
+                episodes += 1
+                edited += tools.written is not None
+                passed += bool(result.submitted) and tools.written == lookup.answer_of(task)
     return {"source": source, "episodes": episodes, "temperature": temperature, "pass_rate": passed / episodes,
             "edit_share": edited / episodes}

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,9 @@ def test_vllm_servers_sized_by_tensor_parallelism(tmp_path: Path, monkeypatch: p
     assert ["--tensor-parallel-size", "2"] == cmd[cmd.index("--tensor-parallel-size"):][:2]
     assert ["--uds", "/tmp/x/vllm.sock"] == cmd[cmd.index("--uds"):][:2]
     assert "--enforce-eager" not in cmd and cmd[-2:] == ["--gpu-memory-utilization", "0.85"]
-    env = server.environment()
+    env = server.environment(tmp_path / "private")
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    # vLLM's temporary files and ZeroMQ sockets go where stop() removes them; torch's compile cache stays put
+    assert env["TMPDIR"] == env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "private")
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(tempfile.gettempdir() + "/torchinductor_")
     assert "VLLM_CPU_KVCACHE_SPACE" not in env or os.environ.get("VLLM_CPU_KVCACHE_SPACE")

@@ -32,6 +32,8 @@ ISOLATED = RUNTIME != "local"
 CFG = SandboxConfig(runtime=cast(Any, RUNTIME), allow_local=not ISOLATED, mem_gb=1.0, max_procs=64,
                     command_timeout_s=20.0, max_output_kb=16)
 CHECKS: dict[str, Callable[[], str]] = {}
+# every check's work dirs in one directory, removed when the script exits (by TemporaryDirectory's finalizer)
+SCRATCH = tempfile.TemporaryDirectory(prefix="hostile-", ignore_cleanup_errors=True)
 
 
 def check(isolated_only: bool = False) -> Callable[[Callable[[], str]], Callable[[], str]]:
@@ -43,7 +45,7 @@ def check(isolated_only: bool = False) -> Callable[[Callable[[], str]], Callable
 
 
 def sandbox() -> Sandbox:
-    return open_sandbox(CFG, Path(tempfile.mkdtemp(prefix="hostile-")))
+    return open_sandbox(CFG, Path(tempfile.mkdtemp(prefix="work-", dir=SCRATCH.name)))
 
 
 def processes_matching(needle: str) -> list[int]:
@@ -245,7 +247,7 @@ def check_background_left_behind() -> str:
 
 @check()
 def check_file_tool_symlinks() -> str:
-    secret_dir = Path(tempfile.mkdtemp(prefix="hostile-secret-"))
+    secret_dir = Path(tempfile.mkdtemp(prefix="secret-", dir=SCRATCH.name))
     (secret_dir / "key").write_text("TOPSECRET")
     with sandbox() as sb:
         # relative paths: with the local runtime /work is the host's /work, not the work dir

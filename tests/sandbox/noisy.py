@@ -62,7 +62,8 @@ def noise_loop(sb: Sandbox, stop: threading.Event, report: dict) -> None:
 def main() -> None:
     cfg = SandboxConfig(runtime=cast(Any, RUNTIME), allow_local=RUNTIME == "local", mem_gb=1.0, max_procs=64,
                         max_output_kb=16)
-    sbs = [open_sandbox(cfg, Path(tempfile.mkdtemp(prefix="noisy-"))) for _ in range(4)]
+    scratch = tempfile.TemporaryDirectory(prefix="noisy-", ignore_cleanup_errors=True)  # removed at exit
+    sbs = [open_sandbox(cfg, Path(tempfile.mkdtemp(dir=scratch.name))) for _ in range(4)]
     noisy, quiet = sbs[0], sbs[1:]
     latencies(quiet, 5)  # warm up
     normal: list[list[float]] = [[] for _ in quiet]

@@ -4,6 +4,8 @@ EVAL in bwrap (the instance's value earns 1, another value or no edit 0)."""
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from hpc.config import SandboxConfig
@@ -77,6 +79,30 @@ def test_warm_transcripts_view_the_file_and_write_its_value(tmp_path) -> None:
         assert f'"new": "{t.value}"' in policy and f"value = {t.value}" in context
         first_policy = mask.index(1)
         assert t.value not in template.decode(ids[:first_policy]), "the statement must not hold the value"
+
+
+def test_the_stand_in_tools_leave_no_copy_behind(tmp_path, monkeypatch) -> None:
+    """``RepoFileTools`` copies the repository into a temporary directory and removes it when closed; the
+    transcript builders close theirs (each used to leave a copy in /tmp per call: 19 per suite run)."""
+    from rollout_node.agent.loop import AgentLimits
+    from rollout_node.agent.template import ChatTemplate
+    from rollout_node.tasks.builtin import lookup
+    from rollout_node.tasks.builtin.warm import RepoFileTools, lookup_transcripts, transcripts
+    from train_node.infer.tiny import build_tiny_model
+
+    template = ChatTemplate.from_model_dir(build_tiny_model(tmp_path / "tiny", seed=0))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with RepoFileTools(lookup.REPO, (lookup.CONFIG,), lookup.written_value) as tools:
+        copy = next(scratch.iterdir())
+        assert copy.name.startswith("spoolrl-lookup-") and (copy / lookup.CONFIG).is_file()
+    assert not copy.exists()
+    tools.close()  # a second close is nothing
+    limits = AgentLimits(max_turns=4, max_new_tokens_per_turn=64)
+    assert lookup_transcripts(template, load_tasks("builtin-lookup-warm")[:2], agent_limits=limits, drawn_values=1)
+    assert transcripts(template, load_tasks("builtin-pick")[:2], 2)
+    assert list(scratch.iterdir()) == []
 
 
 def test_warm_transcripts_with_drawn_values_show_and_write_a_fresh_value_each(tmp_path) -> None:

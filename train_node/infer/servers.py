@@ -14,6 +14,8 @@ Guarantees:
 - vLLM listens only on a Unix socket inside a fresh 0700 directory on node-local scratch, so the
   authenticating proxy (which this handle runs in-process) is the only way to reach it. Its
   development endpoints (``VLLM_SERVER_DEV_MODE=1``) are therefore reachable only with the secret.
+  vLLM's own temporary files and ZeroMQ sockets go to the same directory (``TMPDIR``,
+  ``VLLM_RPC_BASE_PATH``), and ``stop`` removes it, so a server killed mid-run leaves nothing in /tmp.
 - ``healthy()`` is True only after the model loaded (and, for vLLM, after the weights got their
   integer version label); ``url`` is the advertised address clients should use.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import getpass
 import json
 import os
 import shutil
@@ -128,11 +131,15 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+# the longest name a server puts in its private directory: vLLM's ZeroMQ sockets are named by a uuid4 (36)
+_LONGEST_NAME = 36
+
+
 def _private_dir(prefix: str) -> Path:
-    """A fresh 0700 directory on node-local scratch, short enough for a Unix socket path."""
+    """A fresh 0700 directory on node-local scratch, short enough for a Unix socket path in it."""
     base = node_scratch()
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    if len(str(path / "vllm.sock")) > 100:  # sun_path holds 108 bytes
+    if len(str(path)) + 1 + _LONGEST_NAME > 107:  # sun_path holds 108 bytes with the NUL
         shutil.rmtree(path, ignore_errors=True)
         path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     return path
@@ -236,9 +243,18 @@ class VllmServer:
             cmd.append("--enforce-eager")  # on CPU compiling costs 20+ s of start and gains nothing
         return cmd + list(s.vllm_args)
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, private: Path) -> dict[str, str]:
+        """vLLM's environment. Its temporary files (the CPU backend's ``vllm_dist_*`` file store) and its
+        ZeroMQ sockets go to ``private``, the server's own directory, which :meth:`stop` removes even when vLLM
+        was killed; torch's compile cache stays where it was (it outlives the server on purpose)."""
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid: torch's own default would fail the same way
+            user = str(os.getuid())
+        inductor = Path(tempfile.gettempdir()) / f"torchinductor_{user}"
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TMPDIR=str(private), VLLM_RPC_BASE_PATH=str(private))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
         if self.spec.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.spec.gpus)
         else:
@@ -254,7 +270,7 @@ class VllmServer:
                                 request_timeout_s=self.spec.request_timeout_s)
         self._http = HttpServer(route_app(make_proxy_handler(self._proxy)), host=self.spec.bind_host,
                                 port=self.spec.port).start()
-        self._proc.spawn(self.command(model, sock), self.environment(), self.spec.log_path)
+        self._proc.spawn(self.command(model, sock), self.environment(self._dir), self.spec.log_path)
 
     def alive(self) -> bool:
         return self._proc.alive()

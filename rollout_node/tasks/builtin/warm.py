@@ -64,7 +64,9 @@ class RepoFileTools:
     """view/str_replace/submit on a private copy of a packaged repository (the sandbox's file tools, no sandbox).
 
     Each episode starts from the pristine repository (``reset`` restores the ``edited`` files); ``written``
-    is what the episode's last successful edit wrote (``written_value`` of its arguments).
+    is what the episode's last successful edit wrote (``written_value`` of its arguments). The copy lives in a
+    temporary directory removed by :meth:`close` (``with RepoFileTools(...) as tools:``), or at the latest when
+    the object is collected or the interpreter exits.
     """
 
     def __init__(self, repo: str = "summary", edited: Sequence[str] = (CONFIG,),
@@ -72,12 +74,23 @@ class RepoFileTools:
         from rollout_node.sandbox.files import FileTools
 
         self._source = REPOS_DIR / repo
-        self._dir = Path(tempfile.mkdtemp(prefix=f"spoolrl-{repo}-"))
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"spoolrl-{repo}-")
+        self._dir = Path(self._tmp.name)
         shutil.copytree(self._source, self._dir, dirs_exist_ok=True)
         self._files = FileTools(self._dir, "/work", keep=64 * 1024, max_file_bytes=1 << 20)
         self._edited, self._written_value = tuple(edited), written_value
         self.written: str | None = None
         self.reset()
+
+    def close(self) -> None:
+        """Remove the copy (again: nothing)."""
+        self._tmp.cleanup()
+
+    def __enter__(self) -> RepoFileTools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(self, files: Mapping[str, str] | None = None) -> None:
         """The pristine repository again, then ``files`` (path -> text; each must be one of ``edited``) written."""
@@ -121,7 +134,6 @@ def transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], n: int, *
     in expectation."""
     rng_task, rng_value = random.Random(seed), random.Random(seed + 7919)
     loop = AgentLoop(template, agent_limits or limits())
-    tools = RepoFileTools()
     if balanced:
         assert n % len(VALUES) == 0, f"balanced transcripts come in sets of {len(VALUES)}"
         draws = [(task, value) for task in (rng_task.choice(list(tasks)) for _ in range(n // len(VALUES)))
@@ -129,12 +141,13 @@ def transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], n: int, *
     else:
         draws = [(rng_task.choice(list(tasks)), rng_value.choice(VALUES)) for _ in range(n)]
     out = []
-    for task, value in draws:
-        tools.reset()
-        result = loop.run(task_messages(task.problem_statement, system=system),
-                          _Script(template, solution_calls(value)), tools)
-        assert result.submitted and tools.written == value, (result.stop_reason, result.error)
-        out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, answer_of(task)))
+    with RepoFileTools() as tools:
+        for task, value in draws:
+            tools.reset()
+            result = loop.run(task_messages(task.problem_statement, system=system),
+                              _Script(template, solution_calls(value)), tools)
+            assert result.submitted and tools.written == value, (result.stop_reason, result.error)
+            out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, answer_of(task)))
     return out
 
 
@@ -160,19 +173,20 @@ def lookup_transcripts(template: ChatTemplate, tasks: Sequence[TaskInstance], *,
     the model those values: measured, on instances it had not seen it wrote made-up digits.)"""
     loop = AgentLoop(template, agent_limits)
     files = [lookup.setting_path(lookup.setting_of(t)) for t in tasks] if drawn_values else []
-    tools = RepoFileTools(lookup.REPO, (lookup.CONFIG, *files), lookup.written_value)
     drawn: Iterator[str] = iter(())
     if drawn_values:  # 4-digit values no instance of any set has
         taken = {value for _, value in lookup.settings()}
         pool = [str(v) for v in range(1000, 10000) if str(v) not in taken]
         drawn = iter(random.Random(seed).sample(pool, len(tasks) * drawn_values))
     out = []
-    for task in tasks:
-        name = lookup.setting_of(task)
-        for value in [next(drawn) for _ in range(drawn_values)] or [lookup.answer_of(task)]:
-            tools.reset({lookup.setting_path(name): lookup.setting_text(name, value)} if drawn_values else None)
-            result = loop.run(task_messages(task.problem_statement, system=system),
-                              _Script(template, lookup.solution_calls(name, value)), tools)
-            assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason, result.error)
-            out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, value))
+    with RepoFileTools(lookup.REPO, (lookup.CONFIG, *files), lookup.written_value) as tools:
+        for task in tasks:
+            name = lookup.setting_of(task)
+            for value in [next(drawn) for _ in range(drawn_values)] or [lookup.answer_of(task)]:
+                tools.reset({lookup.setting_path(name): lookup.setting_text(name, value)} if drawn_values else None)
+                result = loop.run(task_messages(task.problem_statement, system=system),
+                                  _Script(template, lookup.solution_calls(name, value)), tools)
+                assert result.submitted and tools.written == value, (task.instance_id, result.stop_reason,
+                                                                      result.error)
+                out.append(Transcript(list(result.token_ids), list(result.loss_mask), value, value))
     return out
