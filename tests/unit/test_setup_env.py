@@ -26,8 +26,13 @@ def setup_env(venv: Path, stamp: str, *flags: str) -> subprocess.CompletedProces
     python.write_text("#!/bin/sh\nexit 1\n")  # any pip install fails at once
     python.chmod(0o755)
     (venv / ".spoolrl-stamp").write_text(stamp + "\n")
-    return subprocess.run([str(SCRIPT), *flags], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "SPOOLRL_VENV": str(venv)}, stdin=subprocess.DEVNULL)
+    tmp = venv.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    out = subprocess.run([str(SCRIPT), *flags], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "SPOOLRL_VENV": str(venv), "TMPDIR": str(tmp)},
+                         stdin=subprocess.DEVNULL)
+    assert list(tmp.iterdir()) == [], "setup_env.sh left its pip log behind"
+    return out
 
 
 @pytest.mark.parametrize(("stamp", "flags"), [(f"{DIGEST}-train,dev", []), (f"{DIGEST}-train,report", ["--no-dev"]),
@@ -56,3 +61,18 @@ def extra(name: str) -> set[str]:
 
 def test_the_dev_extra_holds_the_report_extra() -> None:
     assert extra("report") and extra("report") <= extra("dev"), (extra("report"), extra("dev"))
+
+
+def test_check_installs_nothing_and_says_why(tmp_path: Path) -> None:
+    """``--check`` (what ``scripts/test.sh`` runs under ``SPOOLRL_SKIP_SETUP=1``): 0 for a venv set up for this
+    checkout; 1 naming the stamps and the fix for a stale one, and for none at all, installing nothing."""
+    assert setup_env(tmp_path / "ok", f"{DIGEST}-train,dev", "--check").returncode == 0
+    stale = setup_env(tmp_path / "stale", f"{'0' * 16}-train,dev", "--check")
+    assert stale.returncode == 1 and "installing" not in stale.stderr, stale.stderr
+    assert f"stamp '{'0' * 16}-train,dev', this checkout wants '{DIGEST}-train,dev'" in stale.stderr, stale.stderr
+    assert "run scripts/setup_env.sh" in stale.stderr
+    none = subprocess.run([str(SCRIPT), "--check"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "SPOOLRL_VENV": str(tmp_path / "none")},
+                          stdin=subprocess.DEVNULL)
+    assert none.returncode == 1 and "no virtual environment at" in none.stderr, none.stderr
+    assert not (tmp_path / "none").exists()
