@@ -63,48 +63,49 @@ def summary(name: str, xs: Sequence[float]) -> dict[str, Any]:
 
 def run(episodes: int, turns: int, latency_s: float, model_dir: Path) -> dict[str, Any]:
     template = ChatTemplate.from_model_dir(model_dir)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-gw-"))
-    backend = RecordingBackend(tmp / "record.jsonl", template.encode(REPLY), latency_s)
-    client = InferenceClient([backend.url], seed=0)
-    direct_s: list[float] = []
-    gateway_s: list[float] = []
-    internal_s: list[float] = []
-    segments = 0
-    sampling = SamplingParams(max_tokens=64, temperature=1.0, stop_token_ids=tuple(template.stop_token_ids))
-    with Gateway(tmp / "gw.sock") as gw:
-        for e in range(episodes):
-            key = f"bench-{e}"
-            session = gw.open_session(key, client.session(key), template,
-                                      GatewaySampling(temperature=1.0, max_tokens=1 << 16))
-            direct = client.session(key + "-direct")
-            http = HTTPTransport(f"unix://{session.socket_path}", timeout_s=120, token=session.key)
-            messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                              {"role": "user", "content": f"Fix the failing test of repo {e}."}]
-            for _turn in range(turns):
-                body = {"model": "policy", "messages": messages, "tools": TOOLS, "max_tokens": 64}
+    with tempfile.TemporaryDirectory(prefix="bench-gw-", ignore_cleanup_errors=True) as name:
+        tmp = Path(name)
+        backend = RecordingBackend(tmp / "record.jsonl", template.encode(REPLY), latency_s)
+        client = InferenceClient([backend.url], seed=0)
+        direct_s: list[float] = []
+        gateway_s: list[float] = []
+        internal_s: list[float] = []
+        segments = 0
+        sampling = SamplingParams(max_tokens=64, temperature=1.0, stop_token_ids=tuple(template.stop_token_ids))
+        with Gateway(tmp / "gw.sock") as gw:
+            for e in range(episodes):
+                key = f"bench-{e}"
+                session = gw.open_session(key, client.session(key), template,
+                                          GatewaySampling(temperature=1.0, max_tokens=1 << 16))
+                direct = client.session(key + "-direct")
+                http = HTTPTransport(f"unix://{session.socket_path}", timeout_s=120, token=session.key)
+                messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                                  {"role": "user", "content": f"Fix the failing test of repo {e}."}]
+                for _turn in range(turns):
+                    body = {"model": "policy", "messages": messages, "tools": TOOLS, "max_tokens": 64}
 
-                t0 = time.perf_counter()
-                answer = http.request("POST", "/v1/chat/completions", body)
-                gateway_s.append(time.perf_counter() - t0)
-                prompt = backend.records()[-1]["prompt"]  # the very prompt the gateway just sent
-                t0 = time.perf_counter()
-                direct.generate(prompt, sampling)
-                direct_s.append(time.perf_counter() - t0)
-                message = answer["choices"][0]["message"]
-                messages.append(message)
-                for call in message.get("tool_calls") or []:
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": OBSERVATION})
-            http.close()
-            trace = session.close()
-            segments += len(trace.segments)
-            internal_s.append(trace.gateway_s / max(trace.calls, 1))
-    client.close()
-    backend.close()
-    paired = [g - d for g, d in zip(gateway_s, direct_s, strict=True)]
-    return {"episodes": episodes, "turns": turns, "latency_s": latency_s, "segments_per_episode": segments / episodes,
-            "direct": summary("direct", direct_s), "gateway": summary("gateway", gateway_s),
-            "overhead": summary("overhead", paired),
-            "gateway_internal_ms_per_call": round(statistics.fmean(internal_s) * 1e3, 3)}
+                    t0 = time.perf_counter()
+                    answer = http.request("POST", "/v1/chat/completions", body)
+                    gateway_s.append(time.perf_counter() - t0)
+                    prompt = backend.records()[-1]["prompt"]  # the very prompt the gateway just sent
+                    t0 = time.perf_counter()
+                    direct.generate(prompt, sampling)
+                    direct_s.append(time.perf_counter() - t0)
+                    message = answer["choices"][0]["message"]
+                    messages.append(message)
+                    for call in message.get("tool_calls") or []:
+                        messages.append({"role": "tool", "tool_call_id": call["id"], "content": OBSERVATION})
+                http.close()
+                trace = session.close()
+                segments += len(trace.segments)
+                internal_s.append(trace.gateway_s / max(trace.calls, 1))
+        client.close()
+        backend.close()
+        paired = [g - d for g, d in zip(gateway_s, direct_s, strict=True)]
+        return {"episodes": episodes, "turns": turns, "latency_s": latency_s, "segments_per_episode": segments / episodes,
+                "direct": summary("direct", direct_s), "gateway": summary("gateway", gateway_s),
+                "overhead": summary("overhead", paired),
+                "gateway_internal_ms_per_call": round(statistics.fmean(internal_s) * 1e3, 3)}
 
 
 HARNESS_COMMAND = "spoolrl-example-agent --max-turns 64"
@@ -144,38 +145,39 @@ def harness_episodes(episodes: int, turns: int, latency_s: float, prefix: Path, 
     from rollout_node.sandbox import open_sandbox
 
     template = ChatTemplate.from_model_dir(model_dir)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-gw-harness-"))
-    cfg = load_config(None, [f"sandbox.scratch_dir={tmp / 'scratch'}", "rollout.policy=harness",
-                             f"rollout.harness.prefix={prefix}", f"rollout.harness.command={HARNESS_COMMAND}"])
-    replies = [bash(HARNESS_TOOL_CALLS[i % len(HARNESS_TOOL_CALLS)]) for i in range(turns)]
-    replies.append(format_tool_call("submit", {}))
-    rows: list[dict[str, float]] = []
-    sampling = GatewaySampling(temperature=1.0, max_tokens=1 << 20, max_new_tokens=256)
-    with Gateway(tmp / "gw.sock") as gw:
-        for e in range(episodes):
-            work = tmp / f"work{e}"
-            work.mkdir()
-            (work / "README.md").write_text("spoolrl bench\n" * 50)
-            subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-            backend = SlowScripted(ScriptedBackend(template, replies, logprob_kind="processed"), latency_s)
-            with open_sandbox(cfg.sandbox, work) as sb:
-                start = run_harness(sb, HarnessConfig(command="true", prefix=str(prefix)),
-                                    key="-", socket_path=gw.socket_path, problem="noop", stop=lambda: False,
-                                    timeout_s=120.0)
-                session = gw.open_session(f"harness-{e}", backend, template, sampling)
-                t0 = time.perf_counter()
-                result = run_harness(sb, cfg.rollout.harness, key=session.key, socket_path=session.socket_path,
-                                     problem="Look around the repository, then submit.", stop=lambda: False,
-                                     timeout_s=600.0)
-                wall = time.perf_counter() - t0
-                trace = session.close()
-            assert result.exit_code == 0 and trace.calls == turns + 1, (result.exit_code, trace.calls, result.output)
-            rows.append({"wall_s": wall, "llm_s": trace.llm_s, "gateway_s": trace.gateway_s,
-                         "rest_s": wall - trace.llm_s - trace.gateway_s, "sandbox_start_s": start.duration_s,
-                         "calls": float(trace.calls), "segments": float(len(trace.segments))})
-    mean = {k: round(statistics.fmean(r[k] for r in rows), 4) for k in rows[0]}
-    return {"arm": "harness_episode", "episodes": episodes, "turns": turns, "latency_s": latency_s, **mean,
-            "gateway_ms_per_call": round(1e3 * mean["gateway_s"] / mean["calls"], 3)}
+    with tempfile.TemporaryDirectory(prefix="bench-gw-harness-", ignore_cleanup_errors=True) as name:
+        tmp = Path(name)
+        cfg = load_config(None, [f"sandbox.scratch_dir={tmp / 'scratch'}", "rollout.policy=harness",
+                                 f"rollout.harness.prefix={prefix}", f"rollout.harness.command={HARNESS_COMMAND}"])
+        replies = [bash(HARNESS_TOOL_CALLS[i % len(HARNESS_TOOL_CALLS)]) for i in range(turns)]
+        replies.append(format_tool_call("submit", {}))
+        rows: list[dict[str, float]] = []
+        sampling = GatewaySampling(temperature=1.0, max_tokens=1 << 20, max_new_tokens=256)
+        with Gateway(tmp / "gw.sock") as gw:
+            for e in range(episodes):
+                work = tmp / f"work{e}"
+                work.mkdir()
+                (work / "README.md").write_text("spoolrl bench\n" * 50)
+                subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+                backend = SlowScripted(ScriptedBackend(template, replies, logprob_kind="processed"), latency_s)
+                with open_sandbox(cfg.sandbox, work) as sb:
+                    start = run_harness(sb, HarnessConfig(command="true", prefix=str(prefix)),
+                                        key="-", socket_path=gw.socket_path, problem="noop", stop=lambda: False,
+                                        timeout_s=120.0)
+                    session = gw.open_session(f"harness-{e}", backend, template, sampling)
+                    t0 = time.perf_counter()
+                    result = run_harness(sb, cfg.rollout.harness, key=session.key, socket_path=session.socket_path,
+                                         problem="Look around the repository, then submit.", stop=lambda: False,
+                                         timeout_s=600.0)
+                    wall = time.perf_counter() - t0
+                    trace = session.close()
+                assert result.exit_code == 0 and trace.calls == turns + 1, (result.exit_code, trace.calls, result.output)
+                rows.append({"wall_s": wall, "llm_s": trace.llm_s, "gateway_s": trace.gateway_s,
+                             "rest_s": wall - trace.llm_s - trace.gateway_s, "sandbox_start_s": start.duration_s,
+                             "calls": float(trace.calls), "segments": float(len(trace.segments))})
+        mean = {k: round(statistics.fmean(r[k] for r in rows), 4) for k in rows[0]}
+        return {"arm": "harness_episode", "episodes": episodes, "turns": turns, "latency_s": latency_s, **mean,
+                "gateway_ms_per_call": round(1e3 * mean["gateway_s"] / mean["calls"], 3)}
 
 
 def harness_table(h: dict[str, Any]) -> str:
@@ -217,9 +219,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(json.dumps({k: v for k, v in result.items() if k not in ("direct", "gateway", "overhead")}))
     print(table(result))
     if args.harness_episodes:
-        prefix = args.harness_prefix or install_example(Path(tempfile.mkdtemp(prefix="bench-gw-install-")))
-        result["harness"] = harness_episodes(args.harness_episodes, args.harness_turns, args.harness_latency_s,
-                                             prefix, model)
+        with tempfile.TemporaryDirectory(prefix="bench-gw-install-", ignore_cleanup_errors=True) as name:
+            prefix = args.harness_prefix or install_example(Path(name))
+            result["harness"] = harness_episodes(args.harness_episodes, args.harness_turns, args.harness_latency_s,
+                                                 prefix, model)
         print(json.dumps(result["harness"]))
         print(harness_table(result["harness"]))
     return result
