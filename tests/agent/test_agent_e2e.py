@@ -292,6 +292,9 @@ def test_real_server_killed_mid_episode_fails_over(template: ChatTemplate, engin
             def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
                 self.calls += 1
                 if self.calls == 2:
+                    # stopped first, it cannot answer this turn before it dies (with the 0.3 s timer alone the
+                    # victim once finished the turn before the kill, and the failover came a turn late)
+                    os.kill(victim.pid, signal.SIGSTOP)
                     threading.Timer(0.3, lambda: os.kill(victim.pid, signal.SIGKILL)).start()
                 return session.generate(prompt_ids, sampling)
 

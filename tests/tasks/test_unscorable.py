@@ -21,16 +21,17 @@ import os, sys, tempfile
 from pathlib import Path
 from rollout_node.tasks import ensure_builtin_repos, load_tasks, prepare_workdir
 from rollout_node.tasks.repos import UnscorableTree, collect_diff
-tmp = Path(tempfile.mkdtemp())
-task = load_tasks("builtin")[0]
-ensure_builtin_repos(tmp / "repos")
-prepare_workdir(task, tmp / "work", tmp / "repos")
-os.chmod(tmp / "work" / "intervals" / "interval.py", 0)
-try:
-    collect_diff(tmp / "work", task, tmp / "repos")
-    print("DIFFED")
-except UnscorableTree as exc:
-    print("UNSCORABLE", exc)
+with tempfile.TemporaryDirectory() as name:
+    tmp = Path(name)
+    task = load_tasks("builtin")[0]
+    ensure_builtin_repos(tmp / "repos")
+    prepare_workdir(task, tmp / "work", tmp / "repos")
+    os.chmod(tmp / "work" / "intervals" / "interval.py", 0)
+    try:
+        collect_diff(tmp / "work", task, tmp / "repos")
+        print("DIFFED")
+    except UnscorableTree as exc:
+        print("UNSCORABLE", exc)
 """
 
 
