@@ -15,7 +15,8 @@ Guarantees:
   authenticating proxy (which this handle runs in-process) is the only way to reach it. Its
   development endpoints (``VLLM_SERVER_DEV_MODE=1``) are therefore reachable only with the secret.
   vLLM's own temporary files and ZeroMQ sockets go to the same directory (``TMPDIR``,
-  ``VLLM_RPC_BASE_PATH``), and ``stop`` removes it, so a server killed mid-run leaves nothing in /tmp.
+  ``VLLM_RPC_BASE_PATH``), which ``stop`` removes however vLLM ended (killed included); only a node
+  process that dies without running ``stop`` leaves it (and the CPU engine's) behind.
 - ``healthy()`` is True only after the model loaded (and, for vLLM, after the weights got their
   integer version label); ``url`` is the advertised address clients should use.
 """

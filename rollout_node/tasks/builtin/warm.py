@@ -83,7 +83,7 @@ class RepoFileTools:
         self.reset()
 
     def close(self) -> None:
-        """Remove the copy (again: nothing)."""
+        """Remove the copy (closing again does nothing)."""
         self._tmp.cleanup()
 
     def __enter__(self) -> RepoFileTools:
